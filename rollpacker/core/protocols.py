@@ -1,0 +1,173 @@
+"""The contracts backends implement.  Data types here are plain frozen records (no torch), so the
+core can name them; the backends in `rollpacker.backends` and `rollpacker.sim` implement the
+Protocols.
+
+Rollout engine
+    `submit` requests with our own ids; `poll` returns progress and results as they happen;
+    `abort(ids)` makes each aborted request come back from `poll` as a `GenerationResult` with
+    finish_reason "abort" and the tokens generated so far; `pause`/`resume` bracket a weight update;
+    `update_weights` takes HF-named tensors (or a safetensors directory) and a version number.
+    Every submitted request produces exactly one `GenerationResult`, whatever happens.
+
+Trainer
+    `forward_backward(micro_batch)` accumulates gradients of sum_i w_i * sum_t loss_it (no mean);
+    `optimizer_step(loss_normalizer)` divides the accumulated gradients by it and steps once;
+    `export_weights()` returns full tensors with HF names for the rollout engine.
+
+Reward executor
+    `submit(job)` scores one response asynchronously with a deadline; `poll` returns outcomes;
+    a scorer that raises, hangs past the deadline or returns NaN yields a failed outcome, reward 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from attrs import field, frozen
+from attrs.validators import ge, gt, in_
+
+ENGINE_FINISH_REASONS = ("stop", "length", "abort")
+
+
+@frozen
+class GenerationRequest:
+    """One sample to generate.  `resume_ids` are response tokens generated earlier (partial
+    rollout): the engine continues after prompt_ids + resume_ids, and `max_new_tokens` counts only
+    the new tokens."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int = field(validator=ge(1))
+    temperature: float = field(default=1.0, validator=ge(0.0))
+    top_p: float = field(default=1.0, validator=[gt(0.0)])
+    seed: int | None = None
+    resume_ids: tuple[int, ...] = ()
+
+
+@frozen
+class GenerationProgress:
+    """A running request has produced `num_tokens` new tokens so far."""
+
+    request_id: str
+    num_tokens: int
+    at: float
+
+
+@frozen
+class GenerationResult:
+    """The end of a request: the new tokens (not the resumed prefix), their log-probs under the
+    policy that sampled them, and why it ended."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str = field(validator=in_(ENGINE_FINISH_REASONS))
+    weight_version: int
+    at: float
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the planners need from an inference engine (embedded, SGLang, simulator)."""
+
+    @property
+    def capacity(self) -> int:
+        """How many requests it can run at once (its running batch limit)."""
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> None: ...
+
+    def poll(self, timeout: float | None = None) -> list[GenerationProgress | GenerationResult]:
+        """Wait up to `timeout` seconds (None: until something happens) and return what happened."""
+
+    def abort(self, request_ids: Sequence[str]) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike, version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@frozen
+class TrainSample:
+    """One response of a micro-batch, as token ids: prompt + response, advantage, per-token weight,
+    and optionally the rollout policy's log-probs of the response tokens (old log-probs)."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    advantage: float
+    token_weight: float
+    old_logprobs: tuple[float, ...] | None = None
+
+
+@frozen
+class MicroBatch:
+    samples: tuple[TrainSample, ...]
+
+
+@frozen
+class TrainStats:
+    """What one forward/backward or optimizer step measured."""
+
+    loss_sum: float
+    """Weighted sum of per-token losses (divide by the step's loss_normalizer for the loss)."""
+    num_tokens: int
+    entropy_sum: float = 0.0
+    clip_fraction: float = 0.0
+    grad_norm: float | None = None
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    def forward_backward(self, batch: MicroBatch) -> TrainStats: ...
+
+    def optimizer_step(self, loss_normalizer: float) -> TrainStats: ...
+
+    def export_weights(self) -> dict[str, Any]: ...
+
+    def save(self, path: str | os.PathLike) -> None: ...
+
+    def load(self, path: str | os.PathLike) -> None: ...
+
+
+@frozen
+class RewardJob:
+    """Score one response: `task` names the scorer, `entry` is the task's own record (picklable)."""
+
+    request_id: str
+    task: str
+    entry: Any
+    response: str
+    deadline_s: float = 10.0
+
+
+REWARD_STATUSES = ("ok", "error", "timeout", "nan")
+
+
+@frozen
+class RewardOutcome:
+    request_id: str
+    reward: float
+    status: str = field(validator=in_(REWARD_STATUSES))
+    latency_s: float = 0.0
+    """Time the scorer ran."""
+    queue_s: float = 0.0
+    """Time the job waited for a worker."""
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "ok"
+
+
+@runtime_checkable
+class RewardExecutor(Protocol):
+    def submit(self, job: RewardJob) -> None: ...
+
+    def poll(self, timeout: float | None = None) -> list[RewardOutcome]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,114 @@
+"""Small frozen records shared by the core's components: prompt keys, request ids, token segments,
+samples.  Nothing here holds token ids: the driver keeps those, keyed by our request ids.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+from attrs import field, frozen
+
+from .errors import ConfigError, SchedulerMisuse
+
+# Request ids are ours, unique and fixed-width.  SGLang's /abort_request matches rids by prefix, so
+# no id may be a prefix of another: a fixed width guarantees it.
+REQUEST_ID_PREFIX = "rp"
+REQUEST_ID_DIGITS = 12
+
+
+def request_id(number: int) -> str:
+    """The request id of our `number`-th request: `rp000000000042`."""
+    return f"{REQUEST_ID_PREFIX}{number:0{REQUEST_ID_DIGITS}d}"
+
+
+def request_number(rid: str) -> int:
+    """Inverse of `request_id`; a malformed id is a `SchedulerMisuse` naming it."""
+    digits = rid[len(REQUEST_ID_PREFIX):]
+    if (
+        len(rid) != len(REQUEST_ID_PREFIX) + REQUEST_ID_DIGITS
+        or not rid.startswith(REQUEST_ID_PREFIX)
+        or not digits.isdigit()
+    ):
+        raise SchedulerMisuse(f"unknown request id {rid!r}: not one of ours (expected rp + 12 digits)")
+    return int(digits)
+
+
+@frozen(order=True)
+class PromptKey:
+    """One prompt of one epoch: the unit that is trained exactly once per epoch."""
+
+    epoch: int
+    """Epoch the prompt was drawn in (0-based)."""
+    index: int
+    """Index of the prompt in the dataset."""
+
+    def __str__(self) -> str:
+        return f"e{self.epoch}/p{self.index}"
+
+
+@frozen
+class Segment:
+    """A run of response tokens produced by one request under one policy version.
+
+    A response resumed across rounds (partial rollout) is a tuple of segments; the driver joins the
+    token ids of the segments' requests to rebuild the prefix.
+    """
+
+    request_id: str
+    num_tokens: int
+    policy_version: int
+
+
+@frozen
+class Sample:
+    """A finished response that the planner keeps for training."""
+
+    request_id: str
+    """Id of the request that finished it (its last segment)."""
+    prompt: PromptKey
+    sample_index: int
+    segments: tuple[Segment, ...]
+    finish_reason: str
+    """"stop" (end of sequence) or "length" (hit max tokens)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.segments)
+
+    def staleness(self, policy_version: int) -> int:
+        """How many policy versions the oldest token lags behind `policy_version`."""
+        if not self.segments:
+            return 0
+        return policy_version - min(s.policy_version for s in self.segments)
+
+    def tokens_older_than(self, policy_version: int) -> int:
+        """Tokens produced by a policy older than `policy_version` (off-policy tokens)."""
+        return sum(s.num_tokens for s in self.segments if s.policy_version < policy_version)
+
+
+def _finite(instance, attribute, value) -> None:
+    if not math.isfinite(value):
+        raise SchedulerMisuse(f"{attribute.name} must be finite, got {value!r}")
+
+
+@frozen
+class ScoredSample:
+    """A kept sample with its reward."""
+
+    sample: Sample
+    reward: float = field(validator=_finite)
+    failed: bool = False
+    """True if the scorer raised, timed out or returned NaN (reward is then 0)."""
+
+
+def positive_int(name: str, value: object) -> int:
+    """Validate a count >= 1 at a constructor boundary, naming the field."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def evolve(inst, **changes):
+    """`attrs.evolve`, re-exported so components read alike."""
+    return attrs.evolve(inst, **changes)
