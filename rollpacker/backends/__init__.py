@@ -1,0 +1,1 @@
+"""I/O backends: rollout engines, reward executors, models and tasks."""
