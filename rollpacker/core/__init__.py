@@ -1,0 +1,43 @@
+"""rollpacker.core: the pure, backend-agnostic scheduling core.
+
+No torch, no I/O: state machines over frozen attrs state, `(state, event) -> (state, commands)`.
+A driver feeds events (events.py) from a backend and executes the commands (commands.py).
+"""
+
+from .commands import (
+    AbortRequest,
+    Command,
+    GroupCompleted,
+    LaunchRequest,
+    OptimizerStep,
+    RoundEnded,
+    RoundReport,
+    ScoreSample,
+    TrainMicroBatch,
+    TrainSampleRef,
+)
+from .errors import ConfigError, RollpackerError, SchedulerMisuse
+from .events import Event, RequestAborted, RequestFinished, RewardScored, TimeAdvanced, TokensGenerated
+from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
+from .partial_rollout import PartialPolicy
+from .planner import Policy, RoundPlanner
+from .policies import POLICIES, make_policy, policy_knobs
+from .prompt_pool import LengthPrediction, PromptPool
+from .records import PromptKey, Sample, ScoredSample, Segment, request_id, request_number
+from .round_state import PlannerState
+from .scheduler import Scheduler
+from .sorted_rl import SortedPolicy
+from .stream_batcher import BatcherConfig, StreamBatcher, advantages
+from .sync_rollout import SyncPolicy
+from .tail_batching import TailPolicy
+
+__all__ = [
+    "AbortRequest", "BatcherConfig", "Command", "ConfigError", "EpochLedger", "Event", "GroupCompleted",
+    "LaunchRequest", "LengthPrediction", "Occupancy", "OptimizerStep", "POLICIES", "PartialPolicy",
+    "PlannerState", "Policy", "PromptKey", "PromptPool", "RequestAborted", "RequestFinished",
+    "RewardScored", "RollpackerError", "RoundEnded", "RoundPlanner", "RoundReport", "Sample",
+    "SchedulerMisuse", "Scheduler", "ScoreSample", "ScoredSample", "Segment",
+    "SortedPolicy", "StreamBatcher", "SyncPolicy", "TailPolicy", "TimeAdvanced", "TokensGenerated",
+    "TrainMicroBatch", "TrainSampleRef", "advantages", "bubble_ratio", "make_policy", "policy_knobs",
+    "request_id", "request_number", "step_record",
+]

@@ -1,0 +1,350 @@
+"""Round planner: one set of transitions, policies as small strategy objects.
+
+Theory of operation
+-------------------
+A step is a round of rollout followed by one optimizer step.  `begin_round` asks the policy which
+groups (a prompt and the samples to launch for it) this round plays and how many must complete
+(`target`, always P); it launches them, all at once or up to the policy's `capacity`.  `handle`
+takes one engine event:
+
+    RequestFinished  the sample joins its group's `kept` (ScoreSample).  When a group holds R
+                     samples it is complete (GroupCompleted) and its other requests are aborted.
+                     When `target` groups are complete the round closes: every running request is
+                     aborted.
+    RequestAborted   ours: the tokens are wasted, or kept as a resume prefix if the policy carries
+                     unfinished work.  Not ours (engine failure): the sample is relaunched.
+
+The round ends when it is closing and no request is outstanding: completed groups are trained
+(pool: completed), incomplete ones go where the policy says (deferred, returned, carried) and
+`RoundEnded` reports the round's accounting.  Aborted work is never trained: a request is in the
+round's tables until its answer arrives, so a late answer is recognised and discarded.
+
+Every prompt is trained exactly once per epoch because a key leaves the pool's in-flight set only
+by `complete` (trained), `defer` or `release` (drawn again later), and the planner completes
+exactly the prompts whose groups it reports as trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import attrs
+
+from .commands import (
+    AbortRequest,
+    Command,
+    GroupCompleted,
+    LaunchRequest,
+    RoundEnded,
+    RoundReport,
+    ScoreSample,
+)
+from .errors import ConfigError, SchedulerMisuse
+from .events import Event, RequestAborted, RequestFinished, TokensGenerated
+from .pmap import IntMap
+from .prompt_pool import PromptPool
+from .records import PromptKey, Sample, Segment, request_id, request_number
+from .round_state import Group, PlannerState, RequestRecord, RoundState, Tally, cons_iter
+
+
+class Policy(Protocol):
+    """What a planner policy decides; the transitions themselves live in `RoundPlanner`."""
+
+    name: str
+    prompts: int
+    samples: int
+    max_tokens: int
+    capacity: int | None
+    """Most requests running at once (None: launch the whole round at once)."""
+    carries: bool
+    """Unfinished work (kept samples, partial responses) is carried to the next round."""
+    max_staleness: int
+    """Most policy versions a trained token may lag (0: strictly on-policy)."""
+
+    def open_round(self, state: PlannerState) -> tuple[PlannerState, str, list[Group]]:
+        """Draw this round's groups (with `pending` launches) from the pool; return the new state
+        and the round kind."""
+
+    def close_round(self, state: PlannerState, kind: str, incomplete: list[Group]) -> PlannerState:
+        """Put the prompts of groups that did not complete where they belong."""
+
+
+def segments_tokens(segments: Iterable[Segment]) -> int:
+    return sum(s.num_tokens for s in segments)
+
+
+def group_tokens(group: Group) -> int:
+    """Tokens held by a group between rounds: kept samples and resume prefixes."""
+    return sum(s.num_tokens for s in group.kept) + sum(segments_tokens(p) for _, p in group.pending)
+
+
+class _Txn:
+    """The mutable working copy of one transition; `freeze` builds the next immutable state."""
+
+    def __init__(self, planner: RoundPlanner, state: PlannerState) -> None:
+        self.planner = planner
+        self.policy = planner.policy
+        self.state = state
+        self.requests = state.requests
+        self.round = state.round
+        self.groups = state.round.groups
+        self.tally = state.round.tally
+        self.queue = state.round.queue
+        self.next_request = state.next_request
+        self.commands: list[Command] = []
+        self.round_changes: dict = {}
+
+    def freeze(self) -> PlannerState:
+        rnd = attrs.evolve(self.round, groups=self.groups, tally=self.tally, queue=self.queue, **self.round_changes)
+        return attrs.evolve(self.state, requests=self.requests, round=rnd, next_request=self.next_request)
+
+    def count(self, **deltas: int) -> None:
+        self.tally = attrs.evolve(self.tally, **{k: getattr(self.tally, k) + v for k, v in deltas.items()})
+
+    # -- launching -------------------------------------------------------------------------------
+
+    def launch_pending(self) -> None:
+        capacity = self.policy.capacity
+        while self.queue and (capacity is None or len(self.requests) < capacity):
+            slot = self.queue[0]
+            group = self.groups[slot]
+            (index, prefix), rest = group.pending[0], group.pending[1:]
+            number = self.next_request
+            self.next_request += 1
+            rid = request_id(number)
+            step = self.round.step
+            self.requests = self.requests.set(number, RequestRecord(group.prompt, slot, index, prefix, step))
+            self.groups = self.groups.set(slot, attrs.evolve(group, pending=rest, running=group.running | {number}))
+            if not rest:
+                self.queue = self.queue[1:]
+            max_new = self.policy.max_tokens - segments_tokens(prefix)
+            self.commands.append(LaunchRequest(rid, group.prompt, index, max_new, step, prefix))
+            self.count(launched=1)
+
+    # -- request outcomes ------------------------------------------------------------------------
+
+    def keep(self, slot: int, group: Group, sample: Sample) -> Group:
+        if len(group.kept) >= self.policy.samples:  # a late answer to a group already full
+            self.count(wasted=sample.num_tokens)
+            return group
+        group = attrs.evolve(group, kept=group.kept + (sample,))
+        self.commands.append(ScoreSample(sample))
+        if len(group.kept) == self.policy.samples and not group.is_complete and not self.is_closing:
+            group = self.complete_group(slot, group)  # (a full group found while closing is carried)
+        return group
+
+    @property
+    def is_closing(self) -> bool:
+        return self.round_changes.get("closing", self.round.closing)
+
+    def complete_group(self, slot: int, group: Group) -> Group:
+        self.commands.append(GroupCompleted(group.prompt, group.kept))
+        self.abort_requests(group.running)
+        group = attrs.evolve(group, is_complete=True, pending=())
+        if slot in self.queue:
+            self.queue = tuple(s for s in self.queue if s != slot)
+        num_completed = self.round_changes.get("num_completed", self.round.num_completed) + 1
+        self.round_changes["num_completed"] = num_completed
+        self.round_changes["completed"] = (slot, self.round_changes.get("completed", self.round.completed))
+        if num_completed == self.round.target:
+            self.close()
+        return group
+
+    def close(self) -> None:
+        self.round_changes["closing"] = True
+        self.queue = ()
+        self.abort_requests(number for number, _ in self.requests.items())
+
+    def abort_requests(self, numbers: Iterable[int]) -> None:
+        for number in numbers:
+            record = self.requests[number]
+            if not record.aborting:
+                self.requests = self.requests.set(number, attrs.evolve(record, aborting=True))
+                self.commands.append(AbortRequest(request_id(number)))
+
+    def request_ended(self, number: int, record: RequestRecord, num_tokens: int, finished: bool) -> Group:
+        """Bookkeeping shared by finish and abort: drop the record, log the length."""
+        self.requests = self.requests.remove(number)
+        total = segments_tokens(record.resume) + num_tokens
+        self.count(generated=num_tokens, ended_requests=1, ended_tokens=total)
+        observation = (record.prompt.index, total, finished)
+        self.round_changes["observations"] = (
+            observation,
+            self.round_changes.get("observations", self.round.observations),
+        )
+        group = self.groups[record.slot]
+        return attrs.evolve(group, running=group.running - {number})
+
+    def finished(self, number: int, record: RequestRecord, event: RequestFinished) -> None:
+        group = self.request_ended(number, record, event.num_tokens, event.finish_reason == "stop")
+        segment = Segment(event.request_id, event.num_tokens, record.policy_version)
+        sample = Sample(event.request_id, record.prompt, record.sample_index, record.resume + (segment,), event.finish_reason)
+        if group.is_complete or (record.aborting and not self.policy.carries):
+            self.count(wasted=sample.num_tokens)
+        else:
+            group = self.keep(record.slot, group, sample)
+        self.groups = self.groups.set(record.slot, group)
+
+    def aborted(self, number: int, record: RequestRecord, event: RequestAborted) -> None:
+        group = self.request_ended(number, record, event.num_tokens, False)
+        prefix = record.resume + ((Segment(event.request_id, event.num_tokens, record.policy_version),) if event.num_tokens else ())
+        if not record.aborting:  # the engine dropped it: relaunch the same sample from its old prefix
+            self.count(wasted=event.num_tokens, retried=1)
+            group = attrs.evolve(group, pending=((record.sample_index, record.resume),) + group.pending)
+            self.queue = (record.slot,) + tuple(s for s in self.queue if s != record.slot)
+        elif group.is_complete or not self.policy.carries:
+            self.count(wasted=segments_tokens(prefix))
+        elif segments_tokens(prefix) >= self.policy.max_tokens:  # it had reached the cap: finished
+            sample = Sample(event.request_id, record.prompt, record.sample_index, prefix, "length")
+            group = self.keep(record.slot, group, sample)
+        else:
+            group = attrs.evolve(group, pending=group.pending + ((record.sample_index, prefix),))
+        self.groups = self.groups.set(record.slot, group)
+
+
+class RoundPlanner:
+    """The transitions of every policy: `(state, event) -> (state, commands)`.
+
+    The planner object holds only the (immutable) policy; all state is in `PlannerState`.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def initial(self, num_prompts: int, seed: int = 0) -> PlannerState:
+        if self.policy.prompts > num_prompts:
+            raise ConfigError(
+                f"prompts (P={self.policy.prompts}) is larger than the dataset ({num_prompts} prompts)"
+            )
+        return PlannerState(pool=PromptPool(num_prompts=num_prompts, seed=seed))
+
+    # -- rounds ----------------------------------------------------------------------------------
+
+    def begin_round(self, state: PlannerState) -> tuple[PlannerState, list[Command]]:
+        if state.round is not None:
+            raise SchedulerMisuse(f"begin_round: round of step {state.round.step} is still open")
+        state, kind, groups = self.policy.open_round(state)
+        carried_in = sum(group_tokens(g) for g in groups)
+        groups = [self._drop_stale(g, state.step) for g in groups]
+        wasted = carried_in - sum(group_tokens(g) for g in groups)
+        table = IntMap.from_dict(dict(enumerate(groups)))
+        target = min(self.policy.prompts, len(groups))
+        queue = tuple(slot for slot, g in enumerate(groups) if g.pending)
+        tally = Tally(carried_in=carried_in, wasted=wasted)
+        rnd = RoundState(kind, state.step, target, groups=table, num_groups=len(groups), queue=queue, tally=tally)
+        txn = _Txn(self, attrs.evolve(state, round=rnd, carried=()))
+        for slot, group in enumerate(groups):  # a carried group may already hold R samples
+            if len(group.kept) >= self.policy.samples:
+                txn.groups = txn.groups.set(slot, txn.complete_group(slot, group))
+        txn.launch_pending()
+        return self._maybe_end(txn)
+
+    def _drop_stale(self, group: Group, step: int) -> Group:
+        """Carried work older than the staleness bound is dropped; its samples start again."""
+        bound = self.policy.max_staleness
+        kept = tuple(s for s in group.kept if s.staleness(step) <= bound)
+        restarts = tuple((s.sample_index, ()) for s in group.kept if s.staleness(step) > bound)
+        pending = tuple(
+            (index, prefix if not prefix or step - min(p.policy_version for p in prefix) <= bound else ())
+            for index, prefix in group.pending
+        )
+        return attrs.evolve(group, kept=kept, pending=pending + restarts)
+
+    def handle(self, state: PlannerState, event: Event) -> tuple[PlannerState, list[Command]]:
+        if not isinstance(event, (RequestFinished, RequestAborted, TokensGenerated)):
+            return state, []  # rewards and time are other components' business
+        number = request_number(event.request_id)
+        record = state.requests.get(number)
+        if record is None:
+            raise SchedulerMisuse(
+                f"can't handle {type(event).__name__}: request={event.request_id} is not running "
+                f"(never launched, or already finished or aborted)"
+            )
+        if isinstance(event, TokensGenerated):
+            return state, []
+        txn = _Txn(self, state)
+        if isinstance(event, RequestFinished):
+            txn.finished(number, record, event)
+        else:
+            txn.aborted(number, record, event)
+        if not txn.is_closing:
+            txn.launch_pending()
+        return self._maybe_end(txn)
+
+    def _maybe_end(self, txn: _Txn) -> tuple[PlannerState, list[Command]]:
+        state = txn.freeze()
+        if not (state.round.closing and len(state.requests) == 0):
+            return state, txn.commands
+        return self._end_round(state, txn.commands)
+
+    def _end_round(self, state: PlannerState, commands: list[Command]) -> tuple[PlannerState, list[Command]]:
+        rnd = state.round
+        completed_slots = set(cons_iter(rnd.completed))
+        groups = [g for _, g in rnd.groups.items()]
+        trained = [g for g in groups if g.is_complete]
+        incomplete = [g for g in groups if not g.is_complete]
+        held = sum(group_tokens(g) for g in incomplete)
+        tally = rnd.tally
+        carried_out = held if self.policy.carries else 0
+        wasted = tally.wasted + (0 if self.policy.carries else held)
+        pool = state.pool.complete(g.prompt for g in trained)
+        observations = list(cons_iter(rnd.observations))
+        if observations:
+            indices, lengths, finished = zip(*observations)
+            pool = pool.record_lengths(indices, lengths, finished)
+        state = attrs.evolve(state, pool=pool)
+        state = self.policy.close_round(state, rnd.kind, incomplete)
+        if self.policy.carries:
+            state = attrs.evolve(state, carried=tuple(incomplete))
+        assert len(completed_slots) == len(trained)
+        report = _report(rnd, trained, tally, wasted, carried_out, len(incomplete), self.policy.carries)
+        carried_ids = tuple(
+            sorted({seg.request_id for g in state.carried for s in g.kept for seg in s.segments}
+                   | {seg.request_id for g in state.carried for _, p in g.pending for seg in p})
+        )
+        commands.append(RoundEnded(rnd.step, rnd.kind, tuple(g.prompt for g in trained), report, carried_ids))
+        return attrs.evolve(state, round=None, step=state.step + 1), commands
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def to_dict(self, state: PlannerState) -> dict:
+        """Checkpoint: the pool, the step and the request counter (ids are never reused)."""
+        return {"policy": self.policy.name, "step": state.step, "next_request": state.next_request,
+                "pool": state.pool.to_dict()}
+
+    def from_dict(self, data: dict) -> PlannerState:
+        """Restore after a restart: work that was in flight (or carried, or loaded) is drawn again,
+        so nothing is lost and nothing is trained twice."""
+        if data.get("policy") != self.policy.name:
+            raise ConfigError(f"checkpoint was written by policy {data.get('policy')!r}, not {self.policy.name!r}")
+        pool = PromptPool.from_dict(data["pool"]).recover()
+        return PlannerState(pool=pool, step=int(data["step"]), next_request=int(data["next_request"]))
+
+
+def _report(rnd: RoundState, trained: list[Group], tally: Tally, wasted: int, carried_out: int,
+            num_incomplete: int, carries: bool) -> RoundReport:
+    samples = [s for g in trained for s in g.kept]
+    lag_tokens: dict[int, int] = {}
+    for sample in samples:
+        for seg in sample.segments:
+            lag = rnd.step - seg.policy_version
+            lag_tokens[lag] = lag_tokens.get(lag, 0) + seg.num_tokens
+    kept = sum(s.num_tokens for s in samples)
+    return RoundReport(
+        step=rnd.step,
+        kind=rnd.kind,
+        launched_requests=tally.launched,
+        generated_tokens=tally.generated,
+        kept_tokens=kept,
+        wasted_tokens=wasted,
+        carried_tokens=carried_out,
+        offpolicy_tokens=sum(n for lag, n in lag_tokens.items() if lag > 0),
+        staleness=tuple(sorted(lag_tokens.items())),
+        trained_prompts=len(trained),
+        deferred_prompts=num_incomplete if rnd.kind == "short" else 0,
+        returned_prompts=0 if carries or rnd.kind == "short" else num_incomplete,
+        mean_kept_length=kept / len(samples) if samples else 0.0,
+        mean_generated_length=tally.ended_tokens / tally.ended_requests if tally.ended_requests else 0.0,
+        retried_requests=tally.retried,
+    )

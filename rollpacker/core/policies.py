@@ -1,0 +1,31 @@
+"""The policy registry: `make_policy("tail", prompts=..., samples=..., max_tokens=..., **knobs)`."""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import ConfigError
+from .partial_rollout import PartialPolicy
+from .sorted_rl import SortedPolicy
+from .sync_rollout import SyncPolicy
+from .tail_batching import TailPolicy
+
+POLICIES = {"sync": SyncPolicy, "tail": TailPolicy, "sorted": SortedPolicy, "partial": PartialPolicy}
+
+
+def make_policy(name: str, **knobs):
+    """Build a policy by name; an unknown name or knob is a `ConfigError` listing the valid ones."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+    fields = {f.name for f in attrs.fields(cls)}
+    unknown = sorted(set(knobs) - fields)
+    if unknown:
+        raise ConfigError(f"policy {name!r} has no knob {unknown[0]!r}; its knobs: {', '.join(sorted(fields))}")
+    return cls(**knobs)
+
+
+def policy_knobs(name: str) -> dict[str, object]:
+    """Every knob of a policy with its default (attrs.NOTHING for required ones)."""
+    return {f.name: f.default for f in attrs.fields(POLICIES[name])}

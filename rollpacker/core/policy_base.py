@@ -1,0 +1,57 @@
+"""Fields and validation every planner policy shares, and helpers to build groups."""
+
+from __future__ import annotations
+
+import math
+
+from attrs import field, frozen
+
+from .errors import ConfigError
+from .records import PromptKey
+from .round_state import Group
+
+
+def _positive(instance, attribute, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+def _optional_positive(instance, attribute, value) -> None:
+    if value is not None:
+        _positive(instance, attribute, value)
+
+
+def at_least_one(instance, attribute, value) -> None:
+    """Validator for over-launch factors (eta): a float >= 1."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 1.0:
+        raise ConfigError(f"{attribute.name} must be a number >= 1, got {value!r}")
+
+
+def non_negative(instance, attribute, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+@frozen(kw_only=True)
+class PolicyBase:
+    prompts: int = field(validator=_positive)
+    """P: prompts trained per step."""
+    samples: int = field(validator=_positive)
+    """R: responses per prompt (the GRPO group size)."""
+    max_tokens: int = field(validator=_positive)
+    """Most new tokens of one response."""
+    capacity: int | None = field(default=None, validator=_optional_positive)
+    """Most requests running at once; None launches the whole round at once."""
+
+    carries = False
+    max_staleness = 0
+
+    def fresh_groups(self, keys: tuple[PromptKey, ...], launches: int) -> list[Group]:
+        """New groups, each with `launches` sample indices waiting to launch."""
+        pending = tuple((i, ()) for i in range(launches))
+        return [Group(key, pending=pending, next_index=launches) for key in keys]
+
+
+def over(n: int, eta: float) -> int:
+    """ceil(eta * n), robust to float noise (1.25 * 8 is 10, not 11)."""
+    return max(n, math.ceil(round(eta * n, 9)))

@@ -1,0 +1,313 @@
+"""Length-aware prompt pool: which prompt comes next, where every prompt of the epoch is, and what
+its response lengths have been.
+
+Theory of operation
+-------------------
+The dataset is an endless sequence of epochs; epoch e visits the prompts in a seeded permutation.
+A `PromptKey(epoch, index)` is one prompt of one epoch, the unit trained exactly once.  A key is in
+one of four states:
+
+    fresh      not drawn yet: at or after the cursor of the current epoch, or in `returned`
+    in flight  drawn by a round and not yet trained (requests may be running)
+    deferred   waiting in the long queue (tail batching's long round)
+    completed  trained (drawn, and in neither `in_flight` nor `deferred`)
+
+Only the cursor, the returned and deferred queues and the in-flight set are stored; "completed" is
+derived, so the state stays small whatever the dataset size.  The length history is kept per
+dataset index (shared by all epochs) in numpy arrays that are replaced, never mutated, once per
+round (`record_lengths`), so every event stays cheap.
+
+    take(n)          fresh -> in flight (returned keys first, then the epoch order)
+    take_deferred(n) deferred -> in flight (FIFO)
+    defer(keys)      in flight -> deferred
+    release(keys)    in flight -> fresh (front of the queue: drawn again first)
+    complete(keys)   in flight -> completed
+    recover()        every in-flight key -> fresh (after a restart: the engine lost them)
+
+Invariant: each key is in exactly one state; an illegal move raises `SchedulerMisuse` naming the key.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Sequence
+
+import attrs
+import numpy as np
+from attrs import field, frozen
+
+from .errors import ConfigError, SchedulerMisuse
+from .records import PromptKey, positive_int
+
+FRESH, IN_FLIGHT, DEFERRED, COMPLETED = "fresh", "in_flight", "deferred", "completed"
+
+# Prior for prompts never seen: the pooled mean/spread of log length over all prompts seen so far,
+# shrunk towards with this many pseudo-observations.
+PRIOR_WEIGHT = 1.0
+
+
+@functools.lru_cache(maxsize=8)
+def epoch_order(num_prompts: int, seed: int, epoch: int) -> np.ndarray:
+    """The seeded visiting order of epoch `epoch` (read-only)."""
+    order = np.random.default_rng([seed, epoch]).permutation(num_prompts)
+    order.flags.writeable = False
+    return order
+
+
+@functools.lru_cache(maxsize=8)
+def _epoch_position(num_prompts: int, seed: int, epoch: int) -> np.ndarray:
+    position = np.empty(num_prompts, dtype=np.int64)
+    position[epoch_order(num_prompts, seed, epoch)] = np.arange(num_prompts)
+    position.flags.writeable = False
+    return position
+
+
+def _frozen_array(values: np.ndarray) -> np.ndarray:
+    values.flags.writeable = False
+    return values
+
+
+@frozen
+class LengthPrediction:
+    """Predicted response length of a prompt, in log space (lengths are log-normal-ish)."""
+
+    mean_log: float
+    """Shrunk mean of log(length) over finished samples."""
+    std_log: float
+    """Spread of log(length) (pooled spread when the prompt has fewer than 2 samples)."""
+    count: int
+    """Finished samples seen."""
+    max_tokens: int
+    """Longest response seen, finished or cut (aborted / truncated)."""
+    censored: int
+    """Samples cut before finishing (aborted by a round, or truncated at max length)."""
+
+    @property
+    def median(self) -> float:
+        return math.exp(self.mean_log)
+
+    def quantile(self, z: float) -> float:
+        """Length at `z` standard deviations above the median, never below the longest seen."""
+        return max(math.exp(self.mean_log + z * self.std_log), float(self.max_tokens))
+
+
+@frozen
+class LengthHistory:
+    """Per-dataset-index length statistics (read-only arrays, replaced per round)."""
+
+    count: np.ndarray
+    sum_log: np.ndarray
+    sum_log2: np.ndarray
+    max_tokens: np.ndarray
+    censored: np.ndarray
+
+    @classmethod
+    def empty(cls, num_prompts: int) -> LengthHistory:
+        return cls(
+            *(
+                _frozen_array(np.zeros(num_prompts, dtype=dtype))
+                for dtype in (np.int64, np.float64, np.float64, np.int64, np.int64)
+            )
+        )
+
+    def record(self, indices: Sequence[int], lengths: Sequence[int], finished: Sequence[bool]) -> LengthHistory:
+        """New history with these observations; `finished=False` marks a cut (censored) sample."""
+        idx = np.asarray(indices, dtype=np.int64)
+        length = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+        done = np.asarray(finished, dtype=bool)
+        count, sum_log, sum_log2 = self.count.copy(), self.sum_log.copy(), self.sum_log2.copy()
+        max_tokens, censored = self.max_tokens.copy(), self.censored.copy()
+        logs = np.log(length[done])
+        np.add.at(count, idx[done], 1)
+        np.add.at(sum_log, idx[done], logs)
+        np.add.at(sum_log2, idx[done], logs * logs)
+        np.maximum.at(max_tokens, idx, length)
+        np.add.at(censored, idx[~done], 1)
+        return LengthHistory(*map(_frozen_array, (count, sum_log, sum_log2, max_tokens, censored)))
+
+    def prior(self) -> tuple[float, float]:
+        """Pooled (mean, std) of log length over every finished sample seen; (log 256, 1) if none."""
+        n = int(self.count.sum())
+        if n == 0:
+            return math.log(256.0), 1.0
+        mean = float(self.sum_log.sum()) / n
+        var = max(float(self.sum_log2.sum()) / n - mean * mean, 1e-6)
+        return mean, math.sqrt(var)
+
+    def predict(self, index: int, prior: tuple[float, float] | None = None) -> LengthPrediction:
+        prior_mean, prior_std = prior if prior is not None else self.prior()
+        n = int(self.count[index])
+        mean = (float(self.sum_log[index]) + PRIOR_WEIGHT * prior_mean) / (n + PRIOR_WEIGHT)
+        if n >= 2:
+            var = max(float(self.sum_log2[index]) / n - (float(self.sum_log[index]) / n) ** 2, 1e-6)
+            std = math.sqrt(var)
+        else:
+            std = prior_std
+        return LengthPrediction(mean, std, n, int(self.max_tokens[index]), int(self.censored[index]))
+
+    def predicted_medians(self, indices: Sequence[int]) -> np.ndarray:
+        """Vectorised `predict(i).median`, with the longest cut length as a floor (a prompt that was
+        cut at n tokens will take at least n)."""
+        prior_mean, _ = self.prior()
+        idx = np.asarray(indices, dtype=np.int64)
+        mean = (self.sum_log[idx] + PRIOR_WEIGHT * prior_mean) / (self.count[idx] + PRIOR_WEIGHT)
+        return np.maximum(np.exp(mean), np.where(self.censored[idx] > 0, self.max_tokens[idx], 0))
+
+
+@frozen
+class PromptPool:
+    """Immutable pool state; every operation returns a new pool."""
+
+    num_prompts: int = field(converter=lambda v: positive_int("num_prompts", v))
+    seed: int = 0
+    epoch: int = 0
+    cursor: int = 0
+    """Position of the next fresh prompt in the current epoch's order."""
+    returned: tuple[PromptKey, ...] = ()
+    """Keys given back (released or recovered): drawn before the epoch order."""
+    deferred: tuple[PromptKey, ...] = ()
+    """The long queue, oldest first."""
+    in_flight: frozenset[PromptKey] = frozenset()
+    history: LengthHistory = field(default=None, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.history is None:
+            object.__setattr__(self, "history", LengthHistory.empty(self.num_prompts))
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def status(self, key: PromptKey) -> str:
+        if key in self.in_flight:
+            return IN_FLIGHT
+        if key in self.deferred:
+            return DEFERRED
+        if key in self.returned or not self._drawn(key):
+            return FRESH
+        return COMPLETED
+
+    def _drawn(self, key: PromptKey) -> bool:
+        if key.epoch != self.epoch:
+            return key.epoch < self.epoch
+        return bool(_epoch_position(self.num_prompts, self.seed, self.epoch)[key.index] < self.cursor)
+
+    def predict(self, index: int) -> LengthPrediction:
+        return self.history.predict(index)
+
+    # -- moves -----------------------------------------------------------------------------------
+
+    def take(self, n: int) -> tuple[PromptPool, tuple[PromptKey, ...]]:
+        """Draw `n` fresh keys (returned ones first, then the epoch order, rolling into new epochs)."""
+        keys = list(self.returned[:n])
+        returned = self.returned[len(keys):]
+        epoch, cursor = self.epoch, self.cursor
+        while len(keys) < n:
+            if cursor == self.num_prompts:
+                epoch, cursor = epoch + 1, 0
+            order = epoch_order(self.num_prompts, self.seed, epoch)
+            stop = min(self.num_prompts, cursor + n - len(keys))
+            keys.extend(PromptKey(epoch, int(i)) for i in order[cursor:stop])
+            cursor = stop
+        new = attrs.evolve(
+            self, epoch=epoch, cursor=cursor, returned=returned, in_flight=self.in_flight.union(keys)
+        )
+        return new, tuple(keys)
+
+    def take_deferred(self, n: int) -> tuple[PromptPool, tuple[PromptKey, ...]]:
+        keys = self.deferred[:n]
+        return attrs.evolve(self, deferred=self.deferred[n:], in_flight=self.in_flight.union(keys)), keys
+
+    def defer(self, keys: Iterable[PromptKey]) -> PromptPool:
+        keys = tuple(keys)
+        return attrs.evolve(self, deferred=self.deferred + keys, in_flight=self._leave(keys, "defer"))
+
+    def release(self, keys: Iterable[PromptKey]) -> PromptPool:
+        keys = tuple(keys)
+        return attrs.evolve(self, returned=keys + self.returned, in_flight=self._leave(keys, "release"))
+
+    def complete(self, keys: Iterable[PromptKey]) -> PromptPool:
+        return attrs.evolve(self, in_flight=self._leave(tuple(keys), "complete"))
+
+    def recover(self) -> PromptPool:
+        """After a restart: the engine lost every in-flight request, so draw those prompts again."""
+        lost = tuple(sorted(self.in_flight))
+        return attrs.evolve(self, returned=lost + self.returned, in_flight=frozenset())
+
+    def record_lengths(
+        self, indices: Sequence[int], lengths: Sequence[int], finished: Sequence[bool]
+    ) -> PromptPool:
+        if not len(indices):
+            return self
+        return attrs.evolve(self, history=self.history.record(indices, lengths, finished))
+
+    def _leave(self, keys: tuple[PromptKey, ...], verb: str) -> frozenset[PromptKey]:
+        missing = [k for k in keys if k not in self.in_flight]
+        if missing or len(set(keys)) != len(keys):
+            bad = missing[0] if missing else keys
+            raise SchedulerMisuse(f"can't {verb} {bad}: not in flight (state={self.status(bad) if missing else 'duplicate'})")
+        return self.in_flight.difference(keys)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """A plain dict (JSON-able) holding the whole pool, history included."""
+        keys = lambda ks: [[k.epoch, k.index] for k in ks]  # noqa: E731
+        h = self.history
+        return {
+            "num_prompts": self.num_prompts,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "returned": keys(self.returned),
+            "deferred": keys(self.deferred),
+            "in_flight": keys(sorted(self.in_flight)),
+            "history": {
+                "count": h.count.tolist(),
+                "sum_log": h.sum_log.tolist(),
+                "sum_log2": h.sum_log2.tolist(),
+                "max_tokens": h.max_tokens.tolist(),
+                "censored": h.censored.tolist(),
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PromptPool:
+        try:
+            keys = lambda name: tuple(PromptKey(int(e), int(i)) for e, i in data[name])  # noqa: E731
+            h = data["history"]
+            history = LengthHistory(
+                *(
+                    _frozen_array(np.asarray(h[name], dtype=dtype))
+                    for name, dtype in (
+                        ("count", np.int64),
+                        ("sum_log", np.float64),
+                        ("sum_log2", np.float64),
+                        ("max_tokens", np.int64),
+                        ("censored", np.int64),
+                    )
+                )
+            )
+            pool = cls(
+                num_prompts=int(data["num_prompts"]),
+                seed=int(data["seed"]),
+                epoch=int(data["epoch"]),
+                cursor=int(data["cursor"]),
+                returned=keys("returned"),
+                deferred=keys("deferred"),
+                in_flight=frozenset(keys("in_flight")),
+                history=history,
+            )
+        except KeyError as exc:
+            raise ConfigError(f"prompt pool checkpoint is missing field {exc.args[0]!r}") from None
+        if len(history.count) != pool.num_prompts:
+            raise ConfigError(
+                f"prompt pool checkpoint: history has {len(history.count)} prompts, num_prompts={pool.num_prompts}"
+            )
+        return pool
+
+    def same_as(self, other: PromptPool) -> bool:
+        """Equality including the length history (attrs eq skips the arrays)."""
+        return self == other and all(
+            np.array_equal(getattr(self.history, f), getattr(other.history, f))
+            for f in ("count", "sum_log", "sum_log2", "max_tokens", "censored")
+        )

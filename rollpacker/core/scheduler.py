@@ -1,0 +1,70 @@
+"""Scheduler: the planner and the stream batcher wired together, behind one mutable handle.
+
+The pure components take and return immutable state; a driver usually wants one object that it
+feeds events and that hands back commands.  This is that object (as h11's Connection wraps its
+state machine): it routes the planner's ScoreSample / GroupCompleted / RoundEnded to the batcher,
+RewardScored to the batcher, request events to the planner, and returns every command.
+
+    sched = Scheduler(make_policy("tail", prompts=P, samples=R, max_tokens=L), num_prompts=N)
+    commands = sched.begin_round()
+    while not sched.step_done:
+        commands = sched.handle(next_event())    # execute LaunchRequest/AbortRequest/ScoreSample/
+                                                 # TrainMicroBatch/OptimizerStep as they come
+"""
+
+from __future__ import annotations
+
+from .commands import Command, GroupCompleted, OptimizerStep, RoundEnded, ScoreSample
+from .events import Event, RewardScored
+from .planner import Policy, RoundPlanner
+from .round_state import PlannerState
+from .stream_batcher import BatcherConfig, BatcherState, StreamBatcher
+
+_FOR_BATCHER = (ScoreSample, GroupCompleted, RoundEnded)
+
+
+class Scheduler:
+    def __init__(self, policy: Policy, num_prompts: int, seed: int = 0, batcher: BatcherConfig | None = None,
+                 checkpoint: dict | None = None) -> None:
+        self.planner = RoundPlanner(policy)
+        self.batcher = StreamBatcher(batcher)
+        if checkpoint is None:
+            self.state: PlannerState = self.planner.initial(num_prompts, seed)
+        else:
+            self.state = self.planner.from_dict(checkpoint)
+        self.batch_state: BatcherState = self.batcher.initial(self.state.step)
+        self.step_done = True
+        """True between an OptimizerStep and the next begin_round."""
+
+    @property
+    def policy(self) -> Policy:
+        return self.planner.policy
+
+    def begin_round(self) -> list[Command]:
+        self.step_done = False
+        self.state, commands = self.planner.begin_round(self.state)
+        return self._route(commands)
+
+    def handle(self, event: Event) -> list[Command]:
+        if isinstance(event, RewardScored):
+            self.batch_state, commands = self.batcher.handle(self.batch_state, event)
+            return self._note(commands)
+        self.state, commands = self.planner.handle(self.state, event)
+        return self._route(commands)
+
+    def _route(self, commands: list[Command]) -> list[Command]:
+        out = list(commands)
+        for command in commands:
+            if isinstance(command, _FOR_BATCHER):
+                self.batch_state, more = self.batcher.handle(self.batch_state, command)
+                out.extend(more)
+        return self._note(out)
+
+    def _note(self, commands: list[Command]) -> list[Command]:
+        if any(isinstance(c, OptimizerStep) for c in commands):
+            self.step_done = True
+        return commands
+
+    def to_dict(self) -> dict:
+        """Checkpoint (take it after an OptimizerStep, with the model's weights)."""
+        return self.planner.to_dict(self.state)

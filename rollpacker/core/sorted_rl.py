@@ -1,0 +1,60 @@
+"""SortedRL's length-aware scheduling (arXiv 2603.23414).
+
+Grouped loading: `group_batches` (n, default 4) rollout batches of P prompts are loaded at once,
+and nothing new is loaded until all of them are trained.  Requests are launched up to `capacity`
+(the engine's running-batch limit, default P x R) so the engine stays full, and completed groups
+form the update batch in completion order (short first: a micro-curriculum).  A round ends when P
+groups are complete.
+
+`mode="on_policy"` (default): unfinished work is dropped after each update and the prompt stays in
+the loaded buffer, to be sampled again by the new policy.  `mode="partial"`: finished samples and
+partial responses are kept (with their policy versions) as long as no token lags more than
+`max_staleness` versions.
+"""
+
+from __future__ import annotations
+
+import attrs
+from attrs import field, frozen
+from attrs.validators import in_
+
+from .policy_base import PolicyBase, _positive, non_negative
+from .round_state import NORMAL, Group, PlannerState
+
+MODES = ("on_policy", "partial")
+
+
+@frozen(kw_only=True)
+class SortedPolicy(PolicyBase):
+    name = "sorted"
+    group_batches: int = field(default=4, validator=_positive)
+    """n: rollout batches loaded together."""
+    mode: str = field(default="on_policy", validator=in_(MODES))
+    staleness: int = field(default=1, validator=non_negative)
+    """Partial mode: most policy versions a trained token may lag."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.capacity is None:
+            object.__setattr__(self, "capacity", self.prompts * self.samples)
+
+    @property
+    def carries(self) -> bool:
+        return self.mode == "partial"
+
+    @property
+    def max_staleness(self) -> int:
+        return self.staleness if self.carries else 0
+
+    def open_round(self, state: PlannerState) -> tuple[PlannerState, str, list[Group]]:
+        pool, loaded = state.pool, state.loaded
+        if not loaded:
+            pool, loaded = pool.take(self.group_batches * self.prompts)
+        carried = {g.prompt: g for g in state.carried}
+        fresh = self.fresh_groups(tuple(k for k in loaded if k not in carried), self.samples)
+        by_prompt = {g.prompt: g for g in fresh} | carried
+        groups = [by_prompt[k] for k in loaded]
+        return attrs.evolve(state, pool=pool, loaded=loaded), NORMAL, groups
+
+    def close_round(self, state: PlannerState, kind: str, incomplete: list[Group]) -> PlannerState:
+        remaining = {g.prompt for g in incomplete}
+        return attrs.evolve(state, loaded=tuple(k for k in state.loaded if k in remaining))

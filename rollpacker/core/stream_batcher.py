@@ -1,0 +1,184 @@
+"""Stream batcher: rewarded samples in, training micro-batches and one optimizer step out.
+
+A group's advantages need all of its rewards, so a group is packed once it is complete
+(GroupCompleted from the planner) and every sample of it is scored (RewardScored).  Packed samples
+go into micro-batches of at most `token_budget` response tokens (a longer sample goes alone), in
+the order groups became ready (completion order).  When the round has ended and every trained group
+is packed, the last micro-batch and the `OptimizerStep` are emitted.
+
+Loss aggregation (the normalisation that makes streamed micro-batches sum to the full batch):
+- "token-mean" (default; DAPO's token-level loss): loss = sum_i sum_t l_it / sum_i |y_i|.
+  Every sample's token_weight is 1; the step's loss_normalizer is the total response tokens.
+- "seq-mean-token-mean" (original GRPO): loss = (1/N) sum_i (1/|y_i|) sum_t l_it.
+  token_weight is 1/|y_i|; loss_normalizer is N, the number of trained samples.
+Either way the trainer accumulates gradients of sum_i token_weight_i * sum_t l_it per micro-batch
+and divides by loss_normalizer once, so the sum over micro-batches equals the full-batch gradient
+exactly, whatever the split.
+
+Advantages: "grpo" (r - mean) / (std + eps) with the group's population std; "grpo-mean" (r - mean,
+Dr. GRPO); "rloo" r_i - mean of the other R-1 rewards.  With `dynamic_sampling` (DAPO), groups whose
+rewards all agree carry no signal and are dropped; OptimizerStep lists them.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+from attrs import field, frozen
+from attrs.validators import in_
+
+from .commands import (
+    Command,
+    GroupCompleted,
+    OptimizerStep,
+    RoundEnded,
+    ScoreSample,
+    TrainMicroBatch,
+    TrainSampleRef,
+)
+from .errors import SchedulerMisuse
+from .events import Event, RewardScored
+from .pmap import IntMap
+from .policy_base import _positive
+from .records import PromptKey, Sample, request_number
+
+ADVANTAGES = ("grpo", "grpo-mean", "rloo")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+AWAITING, DISCARDED = "awaiting", "discarded"
+
+
+@frozen(kw_only=True)
+class BatcherConfig:
+    token_budget: int = field(default=8192, validator=_positive)
+    """Most response tokens in one micro-batch."""
+    advantage: str = field(default="grpo", validator=in_(ADVANTAGES))
+    loss_aggregation: str = field(default="token-mean", validator=in_(LOSS_AGGREGATIONS))
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards have zero variance."""
+    eps: float = 1e-6
+
+
+def advantages(rewards: np.ndarray, kind: str, eps: float) -> np.ndarray:
+    mean = rewards.mean()
+    if kind == "grpo":
+        return (rewards - mean) / (rewards.std() + eps)
+    if kind == "grpo-mean":
+        return rewards - mean
+    n = len(rewards)
+    if n < 2:
+        return np.zeros_like(rewards)
+    return rewards - (rewards.sum() - rewards) / (n - 1)  # rloo
+
+
+@frozen
+class BatcherState:
+    step: int = 0
+    rewards: IntMap = field(factory=IntMap)
+    """request number -> reward (float), AWAITING, or DISCARDED (late reward of a dropped sample)."""
+    waiting: IntMap = field(factory=IntMap)
+    """request number -> the completed group (prompt, samples) still missing rewards."""
+    packed: tuple[TrainSampleRef, ...] = ()
+    """Samples ready, not yet emitted (fewer than token_budget tokens)."""
+    micro_batches: int = 0
+    groups_ready: int = 0
+    samples: int = 0
+    tokens: int = 0
+    normalizer: float = 0.0
+    dropped: tuple[PromptKey, ...] = ()
+    round_ended: RoundEnded | None = None
+
+
+class StreamBatcher:
+    def __init__(self, config: BatcherConfig | None = None) -> None:
+        self.config = config or BatcherConfig()
+
+    def initial(self, step: int = 0) -> BatcherState:
+        return BatcherState(step=step)
+
+    def handle(self, state: BatcherState, item: Event | Command) -> tuple[BatcherState, list[Command]]:
+        """Feed planner commands (ScoreSample, GroupCompleted, RoundEnded) and RewardScored events."""
+        if isinstance(item, ScoreSample):
+            number = request_number(item.sample.request_id)
+            if number in state.rewards:
+                raise SchedulerMisuse(f"sample {item.sample.request_id} was kept twice")
+            return attrs.evolve(state, rewards=state.rewards.set(number, AWAITING)), []
+        if isinstance(item, RewardScored):
+            return self._reward(state, item)
+        if isinstance(item, GroupCompleted):
+            return self._group(state, item.prompt, item.samples)
+        if isinstance(item, RoundEnded):
+            return self._maybe_finish(attrs.evolve(state, round_ended=item), [])
+        return state, []
+
+    def _reward(self, state: BatcherState, event: RewardScored) -> tuple[BatcherState, list[Command]]:
+        number = request_number(event.request_id)
+        status = state.rewards.get(number)
+        if status is None or not isinstance(status, str):
+            what = "was never kept for training" if status is None else "already has a reward"
+            raise SchedulerMisuse(f"can't handle RewardScored: request={event.request_id} {what}")
+        if status == DISCARDED:
+            return attrs.evolve(state, rewards=state.rewards.remove(number)), []
+        state = attrs.evolve(state, rewards=state.rewards.set(number, float(event.reward)))
+        group = state.waiting.get(number)
+        if group is None:
+            return state, []
+        state = attrs.evolve(state, waiting=state.waiting.remove(number))
+        return self._group(state, *group)
+
+    def _group(self, state: BatcherState, prompt: PromptKey, samples: tuple[Sample, ...]) -> tuple[BatcherState, list[Command]]:
+        numbers = [request_number(s.request_id) for s in samples]
+        missing = [n for n in numbers if state.rewards.get(n) == AWAITING]
+        if missing:  # park the group under one missing reward; it is re-checked when that arrives
+            return attrs.evolve(state, waiting=state.waiting.set(missing[0], (prompt, samples))), []
+        rewards = np.array([state.rewards[n] for n in numbers], dtype=np.float64)
+        scores = state.rewards
+        for n in numbers:
+            scores = scores.remove(n)
+        state = attrs.evolve(state, rewards=scores, groups_ready=state.groups_ready + 1)
+        if self.config.dynamic_sampling and np.ptp(rewards) == 0:
+            return self._maybe_finish(attrs.evolve(state, dropped=state.dropped + (prompt,)), [])
+        adv = advantages(rewards, self.config.advantage, self.config.eps)
+        refs = tuple(TrainSampleRef(s, float(a), self._weight(s)) for s, a in zip(samples, adv))
+        state = attrs.evolve(
+            state,
+            samples=state.samples + len(refs),
+            tokens=state.tokens + sum(s.num_tokens for s in samples),
+            normalizer=state.normalizer + sum(self._norm(s) for s in samples),
+        )
+        commands: list[Command] = []
+        state = self._pack(state, refs, commands)
+        return self._maybe_finish(state, commands)
+
+    def _weight(self, sample: Sample) -> float:
+        return 1.0 if self.config.loss_aggregation == "token-mean" else 1.0 / max(sample.num_tokens, 1)
+
+    def _norm(self, sample: Sample) -> float:
+        return float(sample.num_tokens) if self.config.loss_aggregation == "token-mean" else 1.0
+
+    def _pack(self, state: BatcherState, refs: tuple[TrainSampleRef, ...], commands: list[Command]) -> BatcherState:
+        packed, index = list(state.packed), state.micro_batches
+        budget = self.config.token_budget
+        for ref in refs:
+            if packed and sum(r.sample.num_tokens for r in packed) + ref.sample.num_tokens > budget:
+                commands.append(TrainMicroBatch(state.step, index, tuple(packed)))
+                packed, index = [], index + 1
+            packed.append(ref)
+        return attrs.evolve(state, packed=tuple(packed), micro_batches=index)
+
+    def _maybe_finish(self, state: BatcherState, commands: list[Command]) -> tuple[BatcherState, list[Command]]:
+        ended = state.round_ended
+        if ended is None or state.groups_ready < len(ended.trained):
+            return state, commands
+        index = state.micro_batches
+        if state.packed:
+            commands.append(TrainMicroBatch(state.step, index, state.packed))
+            index += 1
+        commands.append(
+            OptimizerStep(state.step, state.normalizer, state.samples, state.tokens, index, state.dropped)
+        )
+        carried = {request_number(r) for r in ended.carried_requests}
+        rewards = state.rewards
+        for number, status in list(rewards.items()):
+            if number not in carried:  # kept by a group that was not trained: its reward is moot
+                rewards = rewards.set(number, DISCARDED) if status == AWAITING else rewards.remove(number)
+        return BatcherState(step=ended.step + 1, rewards=rewards), commands
