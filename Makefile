@@ -25,7 +25,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 train: $(STAMP)
-	$(PY) reference/train.py $(ARGS)
+	@if [ -f reference/train.py ]; then $(PY) reference/train.py $(ARGS); \
+	else echo "make train: reference/train.py is not written yet (see the open issue); nothing to run."; fi
 
 bench: $(STAMP)
 	$(PY) benchmarks/sim_table.py

@@ -43,6 +43,8 @@ class RandomDriver:
         self.opt_steps: list[OptimizerStep] = []
         self.launches: list[LaunchRequest] = []
         self.aborts_sent: set[str] = set()
+        self.aborted_answers: set[str] = set()
+        """Requests whose answer was RequestAborted."""
 
     def _push(self, at: float, event) -> None:
         heapq.heappush(self.queue, (at, self.seq, event))
@@ -99,6 +101,8 @@ class RandomDriver:
                 if rid not in self.running:
                     continue  # its other answer (finish vs abort) already arrived
                 del self.running[rid]
+                if isinstance(event, RequestAborted):
+                    self.aborted_answers.add(rid)
             self.execute(self.sched.handle(event))
             handled += 1
         return True

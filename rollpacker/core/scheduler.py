@@ -33,6 +33,8 @@ class Scheduler:
         else:
             self.state = self.planner.from_dict(checkpoint)
         self.batch_state: BatcherState = self.batcher.initial(self.state.step)
+        self._committed: PlannerState = self.state
+        """Planner state as of the last optimizer step: what a checkpoint saves."""
         self.step_done = True
         """True between an OptimizerStep and the next begin_round."""
 
@@ -63,8 +65,14 @@ class Scheduler:
     def _note(self, commands: list[Command]) -> list[Command]:
         if any(isinstance(c, OptimizerStep) for c in commands):
             self.step_done = True
+            self._committed = self.state
         return commands
 
     def to_dict(self) -> dict:
-        """Checkpoint (take it after an OptimizerStep, with the model's weights)."""
-        return self.planner.to_dict(self.state)
+        """Checkpoint, valid at any moment: the planner as of the last optimizer step (save it with
+        the weights of that step), with the current request counter so ids are never reused.  A
+        step interrupted half-way is played again from its start after a restore: its prompts are
+        drawn again, none lost, none trained twice."""
+        data = self.planner.to_dict(self._committed)
+        data["next_request"] = self.state.next_request
+        return data

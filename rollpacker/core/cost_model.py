@@ -1,0 +1,120 @@
+"""Decode/prefill cost model of one rollout instance (an engine on `tp` GPUs): formulas only.
+
+The model of ../shared/LATENCY.md section 1, shared by the TP planner (core) and the simulator:
+
+    step(b, C, n_pf) = t0 + t1 * (b + n_pf) + t2 * C + t_attn_pf
+    t0 = W_read / (TP * BW_w) + L * tau_L + 2L * tau_AR * [TP > 1] + tau_0
+    t1 = 2 * P_read / (TP * F)
+    t2 = kv_bytes_per_token / (TP * BW_kv)
+    t_attn_pf = 2 * n_pf * (c0 + n_pf / 2) * H * d * L / (TP * F_attn)
+    KV capacity (tokens) = (mem_fraction * M * TP - W) / kv_bytes_per_token
+
+b decoding sequences, C the sum of their context lengths, n_pf prefill tokens, c0 tokens already
+cached.  The numbers (and where each comes from) live in rollpacker/sim/constants.py; this file
+holds no constant of its own, so no number is stated twice.
+"""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+from .errors import ConfigError
+
+
+def _positive_number(instance, attribute, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(f"{attribute.name} must be a number > 0, got {value!r}")
+
+
+@frozen(kw_only=True)
+class ModelShape:
+    """What the cost model needs of a model (bf16 weights unless dtype_bytes says otherwise)."""
+
+    name: str
+    layers: int = field(validator=_positive_number)
+    heads: int = field(validator=_positive_number)
+    """Query heads (prefill attention FLOPs)."""
+    kv_heads: int = field(validator=_positive_number)
+    head_dim: int = field(validator=_positive_number)
+    weight_bytes: float = field(validator=_positive_number)
+    """W: all weights, as resident in GPU memory."""
+    read_bytes: float = field(validator=_positive_number)
+    """W_read: weights read per decode step (no input embedding, untied lm_head included)."""
+    dtype_bytes: int = 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def params(self) -> float:
+        """Parameters multiplied per token (P_read)."""
+        return self.read_bytes / self.dtype_bytes
+
+
+@frozen(kw_only=True)
+class Hardware:
+    """One GPU type and the engine's fixed costs."""
+
+    name: str
+    memory_bytes: float = field(validator=_positive_number)
+    bw_weights: float = field(validator=_positive_number)
+    bw_kv: float = field(validator=_positive_number)
+    flops: float = field(validator=_positive_number)
+    flops_attn: float = field(validator=_positive_number)
+    tau_layer: float = field(validator=_positive_number)
+    tau_allreduce: float = field(validator=_positive_number)
+    tau_fixed: float = field(validator=_positive_number)
+    gpus_per_node: int = field(validator=_positive_number)
+
+
+@frozen(kw_only=True)
+class CostModel:
+    """Step time and KV capacity of one instance of `model` on `tp` GPUs of `hardware`."""
+
+    model: ModelShape
+    hardware: Hardware
+    tp: int = field(validator=_positive_number)
+    mem_fraction: float = field(validator=_positive_number)
+    """Share of GPU memory for weights + KV cache (SGLang mem_fraction_static, vLLM
+    gpu_memory_utilization)."""
+
+    @property
+    def t0(self) -> float:
+        m, h, tp = self.model, self.hardware, self.tp
+        comm = 2 * m.layers * h.tau_allreduce if tp > 1 else 0.0
+        return m.read_bytes / (tp * h.bw_weights) + m.layers * h.tau_layer + comm + h.tau_fixed
+
+    @property
+    def t1(self) -> float:
+        return 2 * self.model.params / (self.tp * self.hardware.flops)
+
+    @property
+    def t2(self) -> float:
+        return self.model.kv_bytes_per_token / (self.tp * self.hardware.bw_kv)
+
+    @property
+    def kv_capacity(self) -> int:
+        """KV-cache tokens the instance holds; <= 0 means the model does not fit at this TP."""
+        free = self.mem_fraction * self.hardware.memory_bytes * self.tp - self.model.weight_bytes
+        return int(free // self.model.kv_bytes_per_token)
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_capacity > 0
+
+    def step_time(self, batch: float, context: float) -> float:
+        """One decode step of `batch` sequences holding `context` tokens in all."""
+        return self.t0 + self.t1 * batch + self.t2 * context
+
+    def prefill_time(self, tokens: float, cached: float = 0.0) -> float:
+        """Prefill of `tokens` new tokens after `cached` ones (GEMMs plus attention)."""
+        if tokens <= 0:
+            return 0.0
+        m = self.model
+        attn = 2 * tokens * (cached + tokens / 2) * m.heads * m.head_dim * m.layers / (self.tp * self.hardware.flops_attn)
+        return self.t1 * tokens + attn
+
+    def peak_tokens_per_s(self, batch: float) -> float:
+        """Decode throughput at `batch` sequences with no context cost: an upper bound."""
+        return batch / (self.t0 + self.t1 * batch)

@@ -1,0 +1,124 @@
+"""TP planner: the tensor-parallel size (and so the number of rollout instances) for a round.
+
+Two rules, both pure:
+
+`plan_tp` (model-based).  For each TP in `candidates` that divides the GPU count, fits in a node
+and leaves a KV pool that holds one full request, predict the round's makespan with the cost model
+(cost_model.py) and pick the smallest.  The prediction balances the round's requests over the
+instances (longest first, round robin), then integrates the decode step time of the busiest
+instance over its steps k = 0..max length:
+
+    b(k) = requests longer than k,  C(k) = sum over them of (prompt + k)
+    time = sum_k step(b(k), C(k)) * max(1, C(k) / KV capacity)
+
+The last factor is the KV-bound regime: when the contexts exceed the pool only capacity / C of the
+work can run at once (preemption and recompute are charged no further).  Larger TP cuts t0/t1/t2 per
+instance but leaves fewer instances, so it wins when the KV pool is the bottleneck (long contexts,
+big models) and loses when instances are the bottleneck (many short requests).
+
+`OnlineTP` (RollPacker, arXiv 2509.21009 section 4.2): observe preemptions per step; double TP when
+they grow by more than `jump` (1.05x) over the previous step; halve it after `quiet_steps` (4)
+steps without any.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+from attrs import field, frozen
+
+from .cost_model import CostModel, Hardware, ModelShape
+from .errors import ConfigError
+
+CANDIDATES = (1, 2, 4, 8)
+
+
+@frozen
+class TpChoice:
+    tp: int
+    instances: int
+    makespan_s: float
+    """Predicted makespan of the round at this TP."""
+    options: tuple[tuple[int, float], ...]
+    """(tp, predicted makespan) of every feasible candidate."""
+
+
+def predict_makespan(cost: CostModel, lengths: np.ndarray, prompt_tokens: float, instances: int,
+                     grid: int = 512) -> float:
+    """Predicted rollout makespan of `lengths` (decode tokens per request) on `instances` instances."""
+    lengths = np.sort(np.asarray(lengths, dtype=float))[::-1]
+    if lengths.size == 0:
+        return 0.0
+    mine = lengths[::instances]  # the busiest instance: it gets the longest request
+    top = float(mine[0])
+    ks = np.linspace(0.0, top, grid + 1)
+    mids = (ks[1:] + ks[:-1]) / 2
+    asc = mine[::-1]
+    batch = asc.size - np.searchsorted(asc, mids, side="right")
+    context = batch * (prompt_tokens + mids)
+    step = cost.t0 + cost.t1 * batch + cost.t2 * context
+    slow = np.maximum(1.0, context / max(cost.kv_capacity, 1))
+    prefill = cost.prefill_time(prompt_tokens) * asc.size
+    return float(np.sum(step * slow) * (top / grid) + prefill)
+
+
+def feasible_tps(model: ModelShape, hardware: Hardware, gpus: int, mem_fraction: float,
+                 max_context: int, candidates: tuple[int, ...] = CANDIDATES) -> list[int]:
+    out = []
+    for tp in candidates:
+        if gpus % tp or tp > hardware.gpus_per_node:
+            continue
+        if CostModel(model=model, hardware=hardware, tp=tp, mem_fraction=mem_fraction).kv_capacity > max_context:
+            out.append(tp)
+    return out
+
+
+def plan_tp(model: ModelShape, hardware: Hardware, gpus: int, mem_fraction: float, lengths,
+            prompt_tokens: float, max_context: int, candidates: tuple[int, ...] = CANDIDATES) -> TpChoice:
+    """The TP (and instance count gpus / TP) with the smallest predicted makespan."""
+    tps = feasible_tps(model, hardware, gpus, mem_fraction, max_context, candidates)
+    if not tps:
+        raise ConfigError(
+            f"{model.name} does not fit on {gpus} GPUs at any TP in {candidates} with mem_fraction "
+            f"{mem_fraction} and {max_context} tokens of context per request"
+        )
+    options = []
+    for tp in tps:
+        cost = CostModel(model=model, hardware=hardware, tp=tp, mem_fraction=mem_fraction)
+        options.append((tp, predict_makespan(cost, lengths, prompt_tokens, gpus // tp)))
+    tp, makespan = min(options, key=lambda o: (o[1], o[0]))
+    return TpChoice(tp, gpus // tp, makespan, tuple(options))
+
+
+def _tp_value(instance, attribute, value) -> None:
+    if not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ConfigError(f"{attribute.name} must be a power of two >= 1, got {value!r}")
+
+
+@frozen(kw_only=True)
+class OnlineTP:
+    """RollPacker's online rule, as immutable state: `observe(preemptions)` returns the next state."""
+
+    tp: int = field(validator=_tp_value)
+    min_tp: int = field(default=1, validator=_tp_value)
+    max_tp: int = field(default=8, validator=_tp_value)
+    jump: float = 1.05
+    quiet_steps: int = 4
+    last: int | None = None
+    """Preemptions of the previous step."""
+    quiet: int = 0
+    """Steps in a row without preemptions."""
+
+    def observe(self, preemptions: int) -> OnlineTP:
+        if preemptions < 0:
+            raise ConfigError(f"preemptions must be >= 0, got {preemptions}")
+        tp, quiet = self.tp, self.quiet
+        if preemptions == 0:
+            quiet += 1
+            if quiet >= self.quiet_steps and tp > self.min_tp:
+                tp, quiet = tp // 2, 0
+        else:
+            quiet = 0
+            if self.last is not None and preemptions > self.jump * self.last and tp < self.max_tp:
+                tp *= 2
+        return attrs.evolve(self, tp=tp, quiet=quiet, last=preemptions)

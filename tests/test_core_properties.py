@@ -1,0 +1,183 @@
+"""Properties of the planner + batcher over random datasets, lengths and event orders, for every
+policy: exactly-once training per epoch (also across checkpoint/restore at any point), exact step
+sizes, on-policy guarantees, staleness bounds, token accounting."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import RandomDriver
+from rollpacker.core import Scheduler, make_policy
+
+POLICY_VARIANTS = [
+    ("sync", {}),
+    ("tail", {}),
+    ("tail", {"eta_responses": 1.0}),
+    ("tail", {"predict": True}),
+    ("tail", {"eta_prompts": 1.5, "eta_responses": 1.5}),
+    ("sorted", {}),
+    ("sorted", {"mode": "partial", "staleness": 1}),
+    ("sorted", {"mode": "partial", "staleness": 2, "group_batches": 2}),
+    ("partial", {"staleness": 1}),
+    ("partial", {"staleness": 0}),
+]
+ON_POLICY = {("sync", False), ("tail", False), ("sorted", False)}
+
+runs = st.fixed_dictionaries(
+    {
+        "prompts": st.integers(1, 6),
+        "samples": st.integers(1, 4),
+        "extra_prompts": st.integers(0, 20),
+        "max_tokens": st.integers(8, 600),
+        "seed": st.integers(0, 10_000),
+        "steps": st.integers(1, 7),
+        "fail_rate": st.sampled_from([0.0, 0.0, 0.05]),
+    }
+)
+
+
+def build(name, knobs, run):
+    policy = make_policy(name, prompts=run["prompts"], samples=run["samples"], max_tokens=run["max_tokens"], **knobs)
+    sched = Scheduler(policy, num_prompts=run["prompts"] + run["extra_prompts"], seed=run["seed"])
+    return policy, sched
+
+
+def check_no_loss(driver: RandomDriver, trained: list) -> None:
+    pool = driver.sched.state.pool
+    assert len(trained) == len(set(trained)), "a prompt was trained twice in one epoch"
+    pending = set(pool.in_flight) | set(pool.deferred) | set(pool.returned)
+    drawn = {c.prompt for c in driver.launches}
+    lost = drawn - set(trained) - pending
+    assert not lost, f"lost prompts: {sorted(lost)[:5]}"
+    assert not (set(trained) & pending), "a trained prompt is still pending"
+
+
+@pytest.mark.parametrize("name,knobs", POLICY_VARIANTS, ids=[f"{n}{k}" for n, k in POLICY_VARIANTS])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs)
+def test_every_step_trains_p_prompts_once_and_loses_none(name, knobs, run):
+    policy, sched = build(name, knobs, run)
+    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"], engine_fail_rate=run["fail_rate"])
+    for _ in range(run["steps"]):
+        driver.run_step()
+    ends = driver.round_ends
+    assert [len(e.trained) for e in ends] == [run["prompts"]] * run["steps"]
+    assert [o.num_samples for o in driver.opt_steps] == [run["prompts"] * run["samples"]] * run["steps"]
+    trained = [k for e in ends for k in e.trained]
+    check_no_loss(driver, trained)
+
+    # a request answered by an abort never ends a trained sample; on-policy, it is not in one at all
+    for mb in driver.micro_batches:
+        for ref in mb.samples:
+            assert ref.sample.request_id not in driver.aborted_answers or ref.sample.finish_reason == "length"
+            if not policy.carries:
+                assert not {s.request_id for s in ref.sample.segments} & driver.aborted_answers
+    for o, e in zip(driver.opt_steps, ends):
+        assert o.step == e.step
+
+    is_on_policy = (name, policy.carries) in ON_POLICY
+    for mb in driver.micro_batches:
+        for ref in mb.samples:
+            lag = ref.sample.staleness(mb.step)
+            assert 0 <= lag <= policy.max_staleness
+            if is_on_policy:
+                assert len(ref.sample.segments) == 1 and ref.sample.segments[0].policy_version == mb.step
+    if is_on_policy:
+        assert all(e.report.offpolicy_tokens == 0 for e in ends)
+
+
+@pytest.mark.parametrize("name,knobs", POLICY_VARIANTS, ids=[f"{n}{k}" for n, k in POLICY_VARIANTS])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs)
+def test_token_accounting_balances(name, knobs, run):
+    """generated + carried in == kept + wasted + carried out, summed over rounds."""
+    policy, sched = build(name, knobs, run)
+    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"], engine_fail_rate=run["fail_rate"])
+    for _ in range(run["steps"]):
+        driver.run_step()
+    reports = [e.report for e in driver.round_ends]
+    generated = sum(r.generated_tokens for r in reports)
+    kept = sum(r.kept_tokens for r in reports)
+    wasted = sum(r.wasted_tokens for r in reports)
+    assert generated == kept + wasted + reports[-1].carried_tokens
+    assert sum(o.num_tokens for o in driver.opt_steps) == kept
+    if not policy.carries:
+        assert all(r.carried_tokens == 0 for r in reports)
+
+
+@pytest.mark.parametrize("name,knobs", POLICY_VARIANTS, ids=[f"{n}{k}" for n, k in POLICY_VARIANTS])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs, crash_after=st.integers(0, 60), crash_step=st.integers(0, 4))
+def test_checkpoint_restore_at_any_point_keeps_exactly_once(name, knobs, run, crash_after, crash_step):
+    policy, sched = build(name, knobs, run)
+    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"])
+    trained = []
+    for _ in range(crash_step):
+        driver.run_step()
+    trained += [k for e in driver.round_ends for k in e.trained]
+    finished = driver.run_step(stop_after_events=crash_after)
+    if finished:
+        trained += list(driver.round_ends[-1].trained)
+    checkpoint = sched.to_dict()
+    restored = Scheduler(policy, num_prompts=sched.state.pool.num_prompts, checkpoint=checkpoint)
+    assert restored.state.next_request == sched.state.next_request  # ids are never reused
+    driver2 = RandomDriver(restored, seed=run["seed"] + 1, max_tokens=run["max_tokens"],
+                           prompt_effect=driver.prompt_effect)
+    for _ in range(run["steps"]):
+        driver2.run_step()
+    trained += [k for e in driver2.round_ends for k in e.trained]
+    launched_ids = {c.request_id for c in driver.launches}
+    assert not launched_ids & {c.request_id for c in driver2.launches}
+    driver2.launches = driver.launches + driver2.launches
+    check_no_loss(driver2, trained)
+
+
+@settings(max_examples=30, deadline=None)
+@given(run=runs)
+def test_tail_long_rounds_never_over_launch_nor_abort(run):
+    policy, sched = build("tail", {}, run)
+    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"])
+    for _ in range(run["steps"] + 4):
+        driver.run_step()
+    for end in driver.round_ends:
+        if end.kind == "long":
+            assert end.report.launched_requests == run["prompts"] * run["samples"]
+            assert end.report.wasted_tokens == 0
+    long_launches = [c for c in driver.launches if c.max_new_tokens != run["max_tokens"]]
+    assert not long_launches
+
+
+@settings(max_examples=30, deadline=None)
+@given(run=runs)
+def test_unbiased_tail_keeps_whole_groups(run):
+    """eta_responses=1.0: every trained group is all R of its launched samples."""
+    policy, sched = build("tail", {"eta_responses": 1.0}, run)
+    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"])
+    for _ in range(run["steps"]):
+        driver.run_step()
+    for mb in driver.micro_batches:
+        for ref in mb.samples:
+            assert ref.sample.sample_index < run["samples"]
+
+
+def test_tail_plays_short_then_long_rounds():
+    policy, sched = build("tail", {}, {"prompts": 8, "samples": 4, "extra_prompts": 200, "max_tokens": 4000, "seed": 3})
+    driver = RandomDriver(sched, seed=3, max_tokens=4000)
+    for _ in range(12):
+        driver.run_step()
+    kinds = [e.kind for e in driver.round_ends]
+    assert "long" in kinds and kinds.count("short") >= 3 * kinds.count("long")
+    first_long = kinds.index("long")
+    # a long round trains prompts that a short round deferred
+    deferred = {k for e in driver.round_ends[:first_long] for k in e.trained}
+    assert not deferred & set(driver.round_ends[first_long].trained)
+
+
+def test_engine_failures_are_retried_not_lost():
+    policy, sched = build("sync", {}, {"prompts": 4, "samples": 4, "extra_prompts": 0, "max_tokens": 100, "seed": 1})
+    driver = RandomDriver(sched, seed=5, max_tokens=100, engine_fail_rate=0.3)
+    driver.run_step()
+    assert driver.round_ends[0].report.retried_requests > 0
+    assert driver.opt_steps[0].num_samples == 16
