@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-import attrs
 
 from .commands import (
     AbortRequest,
@@ -44,7 +43,7 @@ from .errors import ConfigError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, TokensGenerated
 from .pmap import IntMap
 from .prompt_pool import PromptPool
-from .records import PromptKey, Sample, Segment, request_id, request_number
+from .records import Sample, Segment, replace, request_id, request_number
 from .round_state import Group, PlannerState, RequestRecord, RoundState, Tally, cons_iter
 
 
@@ -89,38 +88,51 @@ class _Txn:
         self.requests = state.requests
         self.round = state.round
         self.groups = state.round.groups
-        self.tally = state.round.tally
+        self.deltas: dict[str, int] = {}
         self.queue = state.round.queue
         self.next_request = state.next_request
         self.commands: list[Command] = []
         self.round_changes: dict = {}
 
     def freeze(self) -> PlannerState:
-        rnd = attrs.evolve(self.round, groups=self.groups, tally=self.tally, queue=self.queue, **self.round_changes)
-        return attrs.evolve(self.state, requests=self.requests, round=rnd, next_request=self.next_request)
+        tally = self.round.tally
+        if self.deltas:
+            tally = replace(tally, **{k: getattr(tally, k) + v for k, v in self.deltas.items()})
+        rnd = replace(self.round, groups=self.groups, tally=tally, queue=self.queue, **self.round_changes)
+        return replace(self.state, requests=self.requests, round=rnd, next_request=self.next_request)
 
     def count(self, **deltas: int) -> None:
-        self.tally = attrs.evolve(self.tally, **{k: getattr(self.tally, k) + v for k, v in deltas.items()})
+        for key, value in deltas.items():
+            self.deltas[key] = self.deltas.get(key, 0) + value
 
     # -- launching -------------------------------------------------------------------------------
 
     def launch_pending(self) -> None:
         capacity = self.policy.capacity
-        while self.queue and (capacity is None or len(self.requests) < capacity):
+        step = self.round.step
+        launched = 0
+        while self.queue:
+            room = len(self.group_pending(self.queue[0])) if capacity is None else capacity - len(self.requests)
+            if room <= 0:
+                break
             slot = self.queue[0]
             group = self.groups[slot]
-            (index, prefix), rest = group.pending[0], group.pending[1:]
-            number = self.next_request
-            self.next_request += 1
-            rid = request_id(number)
-            step = self.round.step
-            self.requests = self.requests.set(number, RequestRecord(group.prompt, slot, index, prefix, step))
-            self.groups = self.groups.set(slot, attrs.evolve(group, pending=rest, running=group.running | {number}))
+            batch, rest = group.pending[:room], group.pending[room:]
+            numbers = range(self.next_request, self.next_request + len(batch))
+            self.next_request += len(batch)
+            for number, (index, prefix) in zip(numbers, batch):
+                self.requests = self.requests.set(number, RequestRecord(group.prompt, slot, index, prefix, step))
+                max_new = self.policy.max_tokens - segments_tokens(prefix)
+                self.commands.append(LaunchRequest(request_id(number), group.prompt, index, max_new, step, prefix))
+            self.groups = self.groups.set(slot, replace(group, pending=rest, running=group.running.union(numbers)))
             if not rest:
                 self.queue = self.queue[1:]
-            max_new = self.policy.max_tokens - segments_tokens(prefix)
-            self.commands.append(LaunchRequest(rid, group.prompt, index, max_new, step, prefix))
-            self.count(launched=1)
+            launched += len(batch)
+        if launched:
+            self.count(launched=launched)
+
+    def group_pending(self, slot: int) -> tuple:
+        return self.groups[slot].pending
 
     # -- request outcomes ------------------------------------------------------------------------
 
@@ -128,7 +140,7 @@ class _Txn:
         if len(group.kept) >= self.policy.samples:  # a late answer to a group already full
             self.count(wasted=sample.num_tokens)
             return group
-        group = attrs.evolve(group, kept=group.kept + (sample,))
+        group = replace(group, kept=group.kept + (sample,))
         self.commands.append(ScoreSample(sample))
         if len(group.kept) == self.policy.samples and not group.is_complete and not self.is_closing:
             group = self.complete_group(slot, group)  # (a full group found while closing is carried)
@@ -141,7 +153,7 @@ class _Txn:
     def complete_group(self, slot: int, group: Group) -> Group:
         self.commands.append(GroupCompleted(group.prompt, group.kept))
         self.abort_requests(group.running)
-        group = attrs.evolve(group, is_complete=True, pending=())
+        group = replace(group, is_complete=True, pending=())
         if slot in self.queue:
             self.queue = tuple(s for s in self.queue if s != slot)
         num_completed = self.round_changes.get("num_completed", self.round.num_completed) + 1
@@ -160,7 +172,7 @@ class _Txn:
         for number in numbers:
             record = self.requests[number]
             if not record.aborting:
-                self.requests = self.requests.set(number, attrs.evolve(record, aborting=True))
+                self.requests = self.requests.set(number, replace(record, aborting=True))
                 self.commands.append(AbortRequest(request_id(number)))
 
     def request_ended(self, number: int, record: RequestRecord, num_tokens: int, finished: bool) -> Group:
@@ -174,7 +186,7 @@ class _Txn:
             self.round_changes.get("observations", self.round.observations),
         )
         group = self.groups[record.slot]
-        return attrs.evolve(group, running=group.running - {number})
+        return replace(group, running=group.running - {number})
 
     def finished(self, number: int, record: RequestRecord, event: RequestFinished) -> None:
         group = self.request_ended(number, record, event.num_tokens, event.finish_reason == "stop")
@@ -191,7 +203,7 @@ class _Txn:
         prefix = record.resume + ((Segment(event.request_id, event.num_tokens, record.policy_version),) if event.num_tokens else ())
         if not record.aborting:  # the engine dropped it: relaunch the same sample from its old prefix
             self.count(wasted=event.num_tokens, retried=1)
-            group = attrs.evolve(group, pending=((record.sample_index, record.resume),) + group.pending)
+            group = replace(group, pending=((record.sample_index, record.resume),) + group.pending)
             self.queue = (record.slot,) + tuple(s for s in self.queue if s != record.slot)
         elif group.is_complete or not self.policy.carries:
             self.count(wasted=segments_tokens(prefix))
@@ -199,7 +211,7 @@ class _Txn:
             sample = Sample(event.request_id, record.prompt, record.sample_index, prefix, "length")
             group = self.keep(record.slot, group, sample)
         else:
-            group = attrs.evolve(group, pending=group.pending + ((record.sample_index, prefix),))
+            group = replace(group, pending=group.pending + ((record.sample_index, prefix),))
         self.groups = self.groups.set(record.slot, group)
 
 
@@ -233,7 +245,7 @@ class RoundPlanner:
         queue = tuple(slot for slot, g in enumerate(groups) if g.pending)
         tally = Tally(carried_in=carried_in, wasted=wasted)
         rnd = RoundState(kind, state.step, target, groups=table, num_groups=len(groups), queue=queue, tally=tally)
-        txn = _Txn(self, attrs.evolve(state, round=rnd, carried=()))
+        txn = _Txn(self, replace(state, round=rnd, carried=()))
         for slot, group in enumerate(groups):  # a carried group may already hold R samples
             if len(group.kept) >= self.policy.samples:
                 txn.groups = txn.groups.set(slot, txn.complete_group(slot, group))
@@ -249,7 +261,7 @@ class RoundPlanner:
             (index, prefix if not prefix or step - min(p.policy_version for p in prefix) <= bound else ())
             for index, prefix in group.pending
         )
-        return attrs.evolve(group, kept=kept, pending=pending + restarts)
+        return replace(group, kept=kept, pending=pending + restarts)
 
     def handle(self, state: PlannerState, event: Event) -> tuple[PlannerState, list[Command]]:
         if not isinstance(event, (RequestFinished, RequestAborted, TokensGenerated)):
@@ -293,10 +305,10 @@ class RoundPlanner:
         if observations:
             indices, lengths, finished = zip(*observations)
             pool = pool.record_lengths(indices, lengths, finished)
-        state = attrs.evolve(state, pool=pool)
+        state = replace(state, pool=pool)
         state = self.policy.close_round(state, rnd.kind, incomplete)
         if self.policy.carries:
-            state = attrs.evolve(state, carried=tuple(incomplete))
+            state = replace(state, carried=tuple(incomplete))
         assert len(completed_slots) == len(trained)
         report = _report(rnd, trained, tally, wasted, carried_out, len(incomplete), self.policy.carries)
         carried_ids = tuple(
@@ -304,7 +316,7 @@ class RoundPlanner:
                    | {seg.request_id for g in state.carried for _, p in g.pending for seg in p})
         )
         commands.append(RoundEnded(rnd.step, rnd.kind, tuple(g.prompt for g in trained), report, carried_ids))
-        return attrs.evolve(state, round=None, step=state.step + 1), commands
+        return replace(state, round=None, step=state.step + 1), commands
 
     # -- checkpoints -----------------------------------------------------------------------------
 

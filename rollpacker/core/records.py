@@ -71,10 +71,11 @@ class Sample:
     segments: tuple[Segment, ...]
     finish_reason: str
     """"stop" (end of sequence) or "length" (hit max tokens)."""
+    num_tokens: int = field(init=False, eq=False)
+    """Response length: the tokens of all segments."""
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.segments)
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "num_tokens", sum(s.num_tokens for s in self.segments))
 
     def staleness(self, policy_version: int) -> int:
         """How many policy versions the oldest token lags behind `policy_version`."""
@@ -109,6 +110,18 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
-def evolve(inst, **changes):
-    """`attrs.evolve`, re-exported so components read alike."""
-    return attrs.evolve(inst, **changes)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def replace(inst, **changes):
+    """`attrs.evolve` without re-running validators and converters: for the core's own internal
+    state on the per-event path (a plain evolve costs ~5 us; this ~1 us).  Boundary records that
+    need validation are built with their constructors."""
+    cls = type(inst)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(a.name for a in attrs.fields(cls))
+    new = object.__new__(cls)
+    for name in names:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(inst, name))
+    return new

@@ -22,7 +22,6 @@ rewards all agree carry no signal and are dropped; OptimizerStep lists them.
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 from attrs import field, frozen
 from attrs.validators import in_
@@ -40,7 +39,7 @@ from .errors import SchedulerMisuse
 from .events import Event, RewardScored
 from .pmap import IntMap
 from .policy_base import _positive
-from .records import PromptKey, Sample, request_number
+from .records import PromptKey, Sample, replace, request_number
 
 ADVANTAGES = ("grpo", "grpo-mean", "rloo")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
@@ -101,13 +100,13 @@ class StreamBatcher:
             number = request_number(item.sample.request_id)
             if number in state.rewards:
                 raise SchedulerMisuse(f"sample {item.sample.request_id} was kept twice")
-            return attrs.evolve(state, rewards=state.rewards.set(number, AWAITING)), []
+            return replace(state, rewards=state.rewards.set(number, AWAITING)), []
         if isinstance(item, RewardScored):
             return self._reward(state, item)
         if isinstance(item, GroupCompleted):
             return self._group(state, item.prompt, item.samples)
         if isinstance(item, RoundEnded):
-            return self._maybe_finish(attrs.evolve(state, round_ended=item), [])
+            return self._maybe_finish(replace(state, round_ended=item), [])
         return state, []
 
     def _reward(self, state: BatcherState, event: RewardScored) -> tuple[BatcherState, list[Command]]:
@@ -117,29 +116,29 @@ class StreamBatcher:
             what = "was never kept for training" if status is None else "already has a reward"
             raise SchedulerMisuse(f"can't handle RewardScored: request={event.request_id} {what}")
         if status == DISCARDED:
-            return attrs.evolve(state, rewards=state.rewards.remove(number)), []
-        state = attrs.evolve(state, rewards=state.rewards.set(number, float(event.reward)))
+            return replace(state, rewards=state.rewards.remove(number)), []
+        state = replace(state, rewards=state.rewards.set(number, float(event.reward)))
         group = state.waiting.get(number)
         if group is None:
             return state, []
-        state = attrs.evolve(state, waiting=state.waiting.remove(number))
+        state = replace(state, waiting=state.waiting.remove(number))
         return self._group(state, *group)
 
     def _group(self, state: BatcherState, prompt: PromptKey, samples: tuple[Sample, ...]) -> tuple[BatcherState, list[Command]]:
         numbers = [request_number(s.request_id) for s in samples]
         missing = [n for n in numbers if state.rewards.get(n) == AWAITING]
         if missing:  # park the group under one missing reward; it is re-checked when that arrives
-            return attrs.evolve(state, waiting=state.waiting.set(missing[0], (prompt, samples))), []
+            return replace(state, waiting=state.waiting.set(missing[0], (prompt, samples))), []
         rewards = np.array([state.rewards[n] for n in numbers], dtype=np.float64)
         scores = state.rewards
         for n in numbers:
             scores = scores.remove(n)
-        state = attrs.evolve(state, rewards=scores, groups_ready=state.groups_ready + 1)
+        state = replace(state, rewards=scores, groups_ready=state.groups_ready + 1)
         if self.config.dynamic_sampling and np.ptp(rewards) == 0:
-            return self._maybe_finish(attrs.evolve(state, dropped=state.dropped + (prompt,)), [])
+            return self._maybe_finish(replace(state, dropped=state.dropped + (prompt,)), [])
         adv = advantages(rewards, self.config.advantage, self.config.eps)
         refs = tuple(TrainSampleRef(s, float(a), self._weight(s)) for s, a in zip(samples, adv))
-        state = attrs.evolve(
+        state = replace(
             state,
             samples=state.samples + len(refs),
             tokens=state.tokens + sum(s.num_tokens for s in samples),
@@ -157,13 +156,15 @@ class StreamBatcher:
 
     def _pack(self, state: BatcherState, refs: tuple[TrainSampleRef, ...], commands: list[Command]) -> BatcherState:
         packed, index = list(state.packed), state.micro_batches
+        tokens = sum(r.sample.num_tokens for r in packed)
         budget = self.config.token_budget
         for ref in refs:
-            if packed and sum(r.sample.num_tokens for r in packed) + ref.sample.num_tokens > budget:
+            if packed and tokens + ref.sample.num_tokens > budget:
                 commands.append(TrainMicroBatch(state.step, index, tuple(packed)))
-                packed, index = [], index + 1
+                packed, index, tokens = [], index + 1, 0
             packed.append(ref)
-        return attrs.evolve(state, packed=tuple(packed), micro_batches=index)
+            tokens += ref.sample.num_tokens
+        return replace(state, packed=tuple(packed), micro_batches=index)
 
     def _maybe_finish(self, state: BatcherState, commands: list[Command]) -> tuple[BatcherState, list[Command]]:
         ended = state.round_ended
