@@ -1,0 +1,103 @@
+"""Every number the simulator uses, with its source.  Override any of them with `attrs.evolve` or
+from the command line (`rollpacker simulate --set train.mfu=0.4`).
+
+Sources are ../shared/LATENCY.md (which cites Vidur profiles, SGLang issues/PRs, FlashAttention-3
+and the model cards) unless a line says "assumption": those are round figures of ours, not
+measurements, and the results that depend on them say so.
+"""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+from rollpacker.core.cost_model import Hardware, ModelShape
+
+GB = 1e9
+
+# -- GPU ------------------------------------------------------------------------------------------
+H100 = Hardware(
+    name="H100/H800-80GB",
+    memory_bytes=85.0 * GB,  # torch-reported size of an 80 GB card (LATENCY.md section 2)
+    bw_weights=2.9e12,       # BW_w: Vidur H100 GEMM profiles, slope over TP (2.85-2.97 TB/s)
+    bw_kv=1.8e12,            # BW_kv: FA3 paged decode on H100, flash-attention #1572
+    flops=600e12,            # F: fitted to SGLang bs=128 (sglang #1008), 61% of 989 TF/s
+    flops_attn=450e12,       # F_attn: assumption below FA3's 740 TF/s peak (arXiv 2407.08608)
+    tau_layer=45e-6,         # tau_L: per layer with CUDA graph, fitted to sglang #1008
+    tau_allreduce=9e-6,      # tau_AR: 8-10 us per all-reduce, sglang PR #2904
+    tau_fixed=0.8e-3,        # tau_0: SGLang fixed cost per step, fit
+    gpus_per_node=8,         # HGX/DGX H100/H800 node
+)
+
+# -- models (LATENCY.md section 2; shapes from the Hugging Face config.json files) -----------------
+MODELS = {
+    "qwen2.5-7b": ModelShape(name="Qwen2.5-7B", layers=28, heads=28, kv_heads=4, head_dim=128,
+                             weight_bytes=15.2 * GB, read_bytes=14.1 * GB),
+    "llama3.1-8b": ModelShape(name="Llama-3.1-8B", layers=32, heads=32, kv_heads=8, head_dim=128,
+                              weight_bytes=16.1 * GB, read_bytes=15.0 * GB),
+    "qwen2.5-14b": ModelShape(name="Qwen2.5-14B", layers=48, heads=40, kv_heads=8, head_dim=128,
+                              weight_bytes=29.5 * GB, read_bytes=28.0 * GB),
+    "qwen2.5-32b": ModelShape(name="Qwen2.5-32B", layers=64, heads=40, kv_heads=8, head_dim=128,
+                              weight_bytes=65.5 * GB, read_bytes=64.0 * GB),
+}
+
+# RollPacker's setting per max length (arXiv 2509.21009: Qwen2.5 7B/14B/32B at 8k/16k/32k); the GPU
+# counts are the 16/32/64 of its rollout-time table.  TP: the smallest that leaves a KV pool large
+# enough for the round (RollPacker's 7B config runs TP1; 14B/32B assumption: TP2/TP4).
+PAPER_SETTINGS = {
+    8192: {"model": "qwen2.5-7b", "gpus": 16, "tp": 1},
+    16384: {"model": "qwen2.5-14b", "gpus": 32, "tp": 2},
+    32768: {"model": "qwen2.5-32b", "gpus": 64, "tp": 4},
+}
+
+
+@frozen(kw_only=True)
+class EngineConstants:
+    mem_fraction: float = 0.85
+    """RollPacker's 7B config (gpu_memory_utilization 0.85); SGLang's default is 0.85 at TP4."""
+    max_running: int = 1024
+    """Most running sequences per instance: verl's max_num_seqs default (rollout.yaml)."""
+    admit_watermark: float = 0.01
+    """Share of the KV pool kept free when admitting: vLLM's watermark default (1%)."""
+    tp_switch_s: float = 10.0
+    """Assumption: re-sharding weights and restarting engines when TP changes between rounds."""
+
+
+@frozen(kw_only=True)
+class RewardConstants:
+    workers: int = 64
+    """Assumption: sandbox workers scoring samples concurrently."""
+    median_s: float = 0.5
+    """Assumption: median verifier / sandbox execution time."""
+    sigma: float = 1.0
+    """Assumption: log-normal spread of execution time (a few take tens of seconds)."""
+    hang_rate: float = 0.005
+    """Assumption: share of executions that never return (must be timed out)."""
+    t_min: float = 2.0
+    """RollPacker adaptive timeout: T = min(max(T_min, lambda * T_anchor), T_max)."""
+    scale: float = 1.5
+    t_max: float = 30.0
+
+
+@frozen(kw_only=True)
+class TrainConstants:
+    flops_per_token_factor: float = 8.0
+    """Forward+backward (6 N) plus the old-policy log-prob forward (2 N) per response token."""
+    peak_flops: float = 989e12
+    """H100/H800 SXM dense BF16 peak (NVIDIA datasheet)."""
+    mfu: float = 0.35
+    """Assumption: model FLOPs utilisation of FSDP training on H100 (typical 30-45%)."""
+    micro_batch_overhead_s: float = 0.05
+    """Assumption: launch, gather and synchronisation cost per micro-batch."""
+    optimizer_s: float = 1.0
+    """Assumption: optimizer step plus weight sync to the rollout engines."""
+    stream: bool = False
+    """Micro-batches may start while the round is still generating (RollPacker's stream trainer on
+    separate GPUs); False: colocated, training waits for the round's end (veRL)."""
+
+
+@frozen(kw_only=True)
+class SimConstants:
+    engine: EngineConstants = field(factory=EngineConstants)
+    reward: RewardConstants = field(factory=RewardConstants)
+    train: TrainConstants = field(factory=TrainConstants)
+    hardware: Hardware = H100

@@ -1,0 +1,116 @@
+"""Per-step measurements of a simulated step and the run's totals (field names: core.metrics)."""
+
+from __future__ import annotations
+
+from rollpacker.core import OptimizerStep, RewardScored, RoundEnded, bubble_ratio, step_record
+
+SUMMED = ("rollout_s", "reward_s", "train_s", "step_s", "tp_switch_s", "lower_bound_rollout_s",
+          "generated_tokens", "kept_tokens", "wasted_tokens", "carried_tokens", "offpolicy_tokens",
+          "trained_prompts", "deferred_prompts", "launched_requests", "retried_requests", "short_rounds",
+          "long_rounds", "preemptions", "reward_timeouts", "train_busy_s")
+
+
+class StepMeter:
+    """Collects one step's timings as the driver runs it."""
+
+    def __init__(self, start: float, capacity: int) -> None:
+        self.start = start
+        self.capacity = capacity
+        self.times: list[float] = []
+        self.running: list[int] = []
+        self.rollout_end: float | None = None
+        self.report = None
+        self.last_reward = start
+        self.train_busy = 0.0
+        self.aborts: list[tuple[int, float, int]] = []
+        self.longest = 0
+        self.peak_running = 0
+        self.timeouts = 0
+        self.tp, self.switch_s = 1, 0.0
+
+    def occupancy(self, now: float, running: int, instances) -> None:
+        if self.rollout_end is not None:
+            return
+        if self.times and self.times[-1] == now:
+            self.running[-1] = running
+        else:
+            self.times.append(now)
+            self.running.append(running)
+        self.peak_running = max(self.peak_running, max(len(i.running) for i in instances))
+
+    def request_ended(self, req) -> None:
+        self.longest = max(self.longest, req.generated)
+
+    def aborted(self, instance: int, at: float, tokens: int) -> None:
+        self.aborts.append((instance, at, tokens))
+
+    def reward(self, scored: RewardScored) -> None:
+        self.last_reward = max(self.last_reward, scored.at)
+        self.timeouts += int(scored.failed)
+
+    def trained(self, seconds: float) -> None:
+        self.train_busy += seconds
+
+    def round_ended(self, cmd: RoundEnded, now: float) -> None:
+        self.rollout_end, self.report = now, cmd.report
+
+    def optimizer(self, cmd: OptimizerStep, now: float) -> None:
+        self.last_reward = max(self.last_reward, now) if self.rollout_end is None else self.last_reward
+
+    def finish(self, sim, start: float, end: float) -> dict:
+        rollout_end = self.rollout_end
+        rollout_s = rollout_end - self.start
+        reward_done = max(rollout_end, self.last_reward)
+        cost, n = sim.cost, len(sim.instances)
+        b_max = max(self.peak_running, 1)
+        work_lb = self.report.generated_tokens * (cost.t1 + cost.t0 / b_max) / n
+        path_lb = self.longest * (cost.t0 + cost.t1)
+        busy = sum(i.busy_s for i in sim.instances)
+        pending = sim.pending_keys()
+        if sim.record_timeline:
+            sim.timelines[self.report.step] = {
+                "start": self.start, "end": rollout_end,
+                "intervals": {i.index: [(v.start, v.end, v.running, v.kind) for v in i.intervals or []]
+                              for i in sim.instances},
+                "aborts": self.aborts}
+        return step_record(
+            self.report,
+            rollout_s=rollout_s,
+            reward_s=reward_done - rollout_end,
+            train_s=end - reward_done,
+            step_s=end - start,
+            tp_switch_s=self.switch_s,
+            bubble_ratio=bubble_ratio(self.times, self.running, self.capacity, rollout_end),
+            idle_ratio=max(0.0, 1.0 - busy / (n * rollout_s)) if rollout_s > 0 else 0.0,
+            lower_bound_rollout_s=max(work_lb, path_lb),
+            lower_bound_work_s=work_lb,
+            lower_bound_path_s=path_lb,
+            tp=self.tp,
+            instances=n,
+            preemptions=sum(i.preemptions for i in sim.instances),
+            peak_running=self.peak_running,
+            longest_request=self.longest,
+            reward_timeouts=self.timeouts,
+            train_busy_s=self.train_busy,
+            pending_prompts=len(pending),
+            lost_prompts=sim.ledger.lost(sim.launched_keys, pending),
+            duplicate_prompts=sim.ledger.duplicates,
+        )
+
+
+def totals(steps: list[dict]) -> dict:
+    out = {key: sum(s[key] for s in steps) for key in SUMMED}
+    rollout = out["rollout_s"]
+    out["steps"] = len(steps)
+    out["bubble_ratio"] = sum(s["bubble_ratio"] * s["rollout_s"] for s in steps) / rollout if rollout else 0.0
+    out["idle_ratio"] = sum(s["idle_ratio"] * s["rollout_s"] for s in steps) / rollout if rollout else 0.0
+    samples = sum(s["kept_tokens"] / s["mean_kept_length"] for s in steps if s["mean_kept_length"])
+    out["mean_kept_length"] = out["kept_tokens"] / samples if samples else 0.0
+    ended = sum(s["launched_requests"] for s in steps)
+    out["mean_generated_length"] = (
+        sum(s["mean_generated_length"] * s["launched_requests"] for s in steps) / ended if ended else 0.0)
+    out["rollout_over_lower_bound"] = rollout / out["lower_bound_rollout_s"] if out["lower_bound_rollout_s"] else 0.0
+    out["mean_rollout_s"] = rollout / len(steps) if steps else 0.0
+    out["mean_step_s"] = out["step_s"] / len(steps) if steps else 0.0
+    out["on_policy_fraction"] = 1.0 - out["offpolicy_tokens"] / out["kept_tokens"] if out["kept_tokens"] else 1.0
+    return out

@@ -1,0 +1,40 @@
+"""The reward and training stages' latency models (the rollout's is engine.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rollpacker.core.cost_model import ModelShape
+
+from .constants import RewardConstants, TrainConstants
+
+
+class RewardModel:
+    """Scorer execution times (log-normal, a share never returns) and correctness (a per-prompt
+    pass rate drawn uniformly, so groups have reward variance)."""
+
+    def __init__(self, constants: RewardConstants, seed: int) -> None:
+        self.c = constants
+        self.rng = np.random.default_rng([seed, 31])
+        self.pass_rate: dict[int, float] = {}
+
+    def draw(self, prompt_index: int) -> tuple[float, bool]:
+        """(execution seconds or inf for a hang, correct?)"""
+        rate = self.pass_rate.setdefault(prompt_index, float(self.rng.random()))
+        correct = bool(self.rng.random() < rate)
+        if self.rng.random() < self.c.hang_rate:
+            return math.inf, correct
+        return float(self.c.median_s * math.exp(self.c.sigma * self.rng.standard_normal())), correct
+
+
+class TrainModel:
+    """Time of a training micro-batch: overhead + tokens * factor * params / (gpus * F * MFU)."""
+
+    def __init__(self, constants: TrainConstants, model: ModelShape, gpus: int, flops: float) -> None:
+        self.c = constants
+        self.per_token = constants.flops_per_token_factor * model.params / (gpus * flops * constants.mfu)
+
+    def micro_batch_s(self, tokens: int) -> float:
+        return self.c.micro_batch_overhead_s + tokens * self.per_token

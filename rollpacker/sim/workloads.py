@@ -1,0 +1,192 @@
+"""Response lengths for the simulator: built-in traces (marginals) with a modelled per-prompt
+structure, or a user's JSONL of per-prompt samples.
+
+Built-in (rollpacker/data/<name>/lengths.json, made by benchmarks/prepare_workloads.py; licences
+beside them): `servegen-r1` (ServeGen DeepSeek-R1, Apache-2.0), `azure-code`, `azure-conv` (Azure
+LLM inference trace 2023, CC-BY-4.0).  They give one length distribution and no prompt identity, so
+lengths are drawn through a Gaussian copula that keeps the marginal exactly:
+
+    z = sqrt(rho) * a_prompt + sqrt(1 - rho) * e_sample,   a, e ~ N(0, 1) (seeded)
+    length = Q(Phi(z)) * (1 + growth) ** step,  truncated at max_tokens
+
+Q is the trace's quantile function.  rho (`between`, default 0.9) is the share of the variance of
+(normal-scored) log length that lies between prompts, as in public multi-sample data
+(../shared/traces/README.md).  A prompt's effect is fixed for the run; every launch draws new noise.
+
+User JSONL: one prompt a line, `{"prompt": "<id>", "lengths": [int, ...]}`; the listed lengths are
+that prompt's successive samples, cycled (from a seeded offset) when more are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from attrs import frozen
+
+from rollpacker.core import ConfigError
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+BUILTIN = ("servegen-r1", "azure-code", "azure-conv")
+MAX_PROMPT_TOKENS = 2048
+"""Prompts are truncated here (RL recipes cap prompt length; verl's max_prompt_length is 512-2048)."""
+
+
+class WorkloadError(ConfigError):
+    """A workload name or file that cannot be used; the message names the file and line."""
+
+
+@frozen
+class Marginal:
+    """A length distribution as a quantile function at `levels`."""
+
+    levels: np.ndarray
+    values: np.ndarray
+
+    def quantile(self, u: np.ndarray | float) -> np.ndarray:
+        return np.interp(u, self.levels, self.values)
+
+    @property
+    def mean(self) -> float:
+        # trapezoid over the quantile function = E[X]
+        return float(np.sum(np.diff(self.levels) * (self.values[1:] + self.values[:-1]) / 2))
+
+
+class Workload:
+    """Lengths of samples: `sample(prompt_index, step)` -> total response tokens (>= 1)."""
+
+    name: str
+    num_prompts: int
+
+    def sample(self, prompt_index: int, step: int) -> int:
+        raise NotImplementedError
+
+    def prompt_tokens(self, prompt_index: int) -> int:
+        raise NotImplementedError
+
+    def mean_length(self) -> float:
+        raise NotImplementedError
+
+
+class TraceWorkload(Workload):
+    def __init__(self, name: str, output: Marginal, input: Marginal, *, num_prompts: int, seed: int,
+                 between: float = 0.9, growth: float = 0.0, max_tokens: int | None = None) -> None:
+        if not 0.0 <= between <= 1.0:
+            raise WorkloadError(f"between (share of variance between prompts) must be in [0, 1], got {between}")
+        if growth <= -1.0:
+            raise WorkloadError(f"growth must be > -1, got {growth}")
+        self.name, self.output, self.num_prompts = name, output, num_prompts
+        self.between, self.growth, self.max_tokens = between, growth, max_tokens
+        rng = np.random.default_rng([seed, 17])
+        self.effect = rng.standard_normal(num_prompts)
+        u_in = rng.random(num_prompts)
+        self.prompts = np.clip(np.rint(input.quantile(u_in)), 1, MAX_PROMPT_TOKENS).astype(int)
+        self.rng = np.random.default_rng([seed, 23])
+        self._noise = self.rng.standard_normal(4096)
+        self._next = 0
+        self._a, self._e = math.sqrt(between), math.sqrt(1.0 - between)
+
+    def _draw(self) -> float:
+        if self._next == len(self._noise):
+            self._noise, self._next = self.rng.standard_normal(4096), 0
+        self._next += 1
+        return float(self._noise[self._next - 1])
+
+    def sample(self, prompt_index: int, step: int) -> int:
+        z = self._a * self.effect[prompt_index] + self._e * self._draw()
+        u = 0.5 * math.erfc(-z / math.sqrt(2.0))
+        length = float(self.output.quantile(u)) * (1.0 + self.growth) ** step
+        length = max(1, int(round(length)))
+        return min(length, self.max_tokens) if self.max_tokens else length
+
+    def prompt_tokens(self, prompt_index: int) -> int:
+        return int(self.prompts[prompt_index])
+
+    def mean_length(self) -> float:
+        return self.output.mean
+
+
+class JsonlWorkload(Workload):
+    def __init__(self, path: Path, *, seed: int, num_prompts: int | None = None,
+                 max_tokens: int | None = None, prompt_tokens: int = 256) -> None:
+        self.name = str(path)
+        self.ids, self.lengths = parse_jsonl(path)
+        self.num_prompts = len(self.ids) if num_prompts is None else num_prompts
+        if self.num_prompts > len(self.ids):
+            raise WorkloadError(f"{path}: {len(self.ids)} prompts, fewer than the {self.num_prompts} asked for")
+        rng = np.random.default_rng([seed, 29])
+        self.cursor = [int(rng.integers(len(ls))) for ls in self.lengths]
+        self.max_tokens, self._prompt_tokens = max_tokens, prompt_tokens
+
+    def sample(self, prompt_index: int, step: int) -> int:
+        lengths = self.lengths[prompt_index]
+        k = self.cursor[prompt_index]
+        self.cursor[prompt_index] = (k + 1) % len(lengths)
+        length = max(1, lengths[k])
+        return min(length, self.max_tokens) if self.max_tokens else length
+
+    def prompt_tokens(self, prompt_index: int) -> int:
+        return self._prompt_tokens
+
+    def mean_length(self) -> float:
+        return float(np.mean([x for ls in self.lengths for x in ls]))
+
+
+def parse_jsonl(path: Path) -> tuple[list[str], list[list[int]]]:
+    """Read `{"prompt": id, "lengths": [int >= 0, ...]}` lines; any problem names the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkloadError(f"workload {str(path)!r}: no such file, and not one of {', '.join(BUILTIN)}")
+    ids: list[str] = []
+    lengths: list[list[int]] = []
+    seen: dict[str, int] = {}
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise WorkloadError(f"{where}: expected an object with \"prompt\" and \"lengths\"")
+            for key in ("prompt", "lengths"):
+                if key not in row:
+                    raise WorkloadError(f"{where}: missing field {key!r}")
+            prompt, values = str(row["prompt"]), row["lengths"]
+            if not isinstance(values, list) or not values:
+                raise WorkloadError(f"{where}: \"lengths\" must be a non-empty list of integers")
+            for v in values:
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise WorkloadError(f"{where}: length {v!r} is not an integer")
+                if v < 0:
+                    raise WorkloadError(f"{where}: length {v} is negative")
+            if prompt in seen:
+                raise WorkloadError(f"{where}: prompt {prompt!r} already given on line {seen[prompt]}")
+            seen[prompt] = lineno
+            ids.append(prompt)
+            lengths.append(values)
+    if not ids:
+        raise WorkloadError(f"{path}: empty workload file (expected one JSON object a line)")
+    return ids, lengths
+
+
+def load_marginals(name: str) -> tuple[Marginal, Marginal]:
+    data = json.loads((DATA / name / "lengths.json").read_text())
+    levels = np.asarray(data["levels"], dtype=float)
+    return (Marginal(levels, np.asarray(data["output"], dtype=float)),
+            Marginal(levels, np.asarray(data["input"], dtype=float)))
+
+
+def load_workload(spec: str, *, num_prompts: int, seed: int, max_tokens: int | None = None,
+                  between: float = 0.9, growth: float = 0.0) -> Workload:
+    """A built-in name or a JSONL path."""
+    if spec in BUILTIN:
+        output, inp = load_marginals(spec)
+        return TraceWorkload(spec, output, inp, num_prompts=num_prompts, seed=seed, between=between,
+                             growth=growth, max_tokens=max_tokens)
+    workload = JsonlWorkload(Path(spec), seed=seed, num_prompts=None, max_tokens=max_tokens)
+    return workload
