@@ -1,9 +1,9 @@
-"""The `rollpacker` console script: one subcommand per module, each registering its own arguments.
+"""The `rollpacker` command: a small dispatcher; each subcommand lives with its subsystem.
 
-    rollpacker serve --model PATH --port 30000     # the embedded engine behind SGLang's HTTP API
+    rollpacker simulate --workload servegen-r1 --policy tail --max-tokens 32768 --json out.json
 
-A subcommand is a pair (add_arguments(parser), run(args) -> int) living in its own module; this file
-only dispatches, and imports a subcommand's module (and its heavy dependencies) only when chosen.
+A subsystem adds a subcommand by listing `(name, "module:add_parser", "module:run")` in COMMANDS;
+`add_parser(subparsers)` defines its flags and `run(args) -> int` executes it.
 """
 
 from __future__ import annotations
@@ -12,22 +12,35 @@ import argparse
 import importlib
 import sys
 
-# name -> (module, one-line help).  The module defines add_arguments(parser) and run(args) -> int.
-SUBCOMMANDS = {
-    "serve": ("rollpacker.backends.serve", "serve the embedded engine through SGLang's native HTTP API"),
-}
+from rollpacker.core.errors import RollpackerError
+
+COMMANDS = [
+    ("simulate", "rollpacker.sim.cli"),
+]
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(prog="rollpacker", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    runners = {}
+    for name, module in COMMANDS:
+        mod = importlib.import_module(module)
+        mod.add_parser(sub, name)
+        runners[name] = mod.run
+    return parser, runners
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rollpacker")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text)
-        sub_parser.set_defaults(_module=module)
-        # Cheap: a subcommand module's top level imports only argparse-level things.
-        importlib.import_module(module).add_arguments(sub_parser)
+    parser, runners = build_parser()
     args = parser.parse_args(argv)
-    return int(importlib.import_module(args._module).run(args) or 0)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return runners[args.command](args)
+    except RollpackerError as exc:  # a bad input: say what and where, no traceback
+        print(f"rollpacker {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

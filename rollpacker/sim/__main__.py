@@ -1,0 +1,5 @@
+import sys
+
+from rollpacker.sim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,158 @@
+"""`rollpacker simulate` (also `python -m rollpacker.sim`): flags, validation, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import attrs
+
+from rollpacker.core import POLICIES, ConfigError, policy_knobs
+
+from .config import TP_MODES, SimConfig
+from .constants import MODELS, SimConstants
+from .driver import Simulation
+from .workloads import BUILTIN
+
+KNOB_FLAGS = {  # flag -> (knob, type)
+    "--eta-prompts": ("eta_prompts", float),
+    "--eta-responses": ("eta_responses", float),
+    "--long-round-at": ("long_round_at", int),
+    "--group-batches": ("group_batches", int),
+    "--mode": ("mode", str),
+    "--staleness": ("staleness", int),
+    "--capacity": ("capacity", int),
+}
+
+
+def add_parser(sub, name: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help="simulate RL steps on many GPUs from real length data",
+                       description="Simulate synchronous RL steps (rollout, reward, training) with a "
+                                   "rollpacker policy; writes {config, steps, total} as JSON.")
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default="servegen-r1",
+                   help=f"built-in ({', '.join(BUILTIN)}) or a JSONL path: {{\"prompt\": id, \"lengths\": [int, ...]}}")
+    p.add_argument("--policy", default="tail", choices=list(POLICIES))
+    for flag, (knob, kind) in KNOB_FLAGS.items():
+        p.add_argument(flag, dest=knob, type=kind, default=None, help=f"policy knob {knob}")
+    p.add_argument("--predict", action="store_true", default=None, help="tail: use predicted lengths")
+    p.add_argument("--instances", type=int, default=16, help="rollout instances (GPUs = instances x --tp)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size per instance")
+    p.add_argument("--tp-mode", default="fixed", choices=TP_MODES,
+                   help="fixed; plan (cost-model TP per round); online (RollPacker's preemption rule)")
+    p.add_argument("--model", default="qwen2.5-7b", choices=list(MODELS))
+    p.add_argument("--prompts", type=int, default=128, help="P: prompts per step")
+    p.add_argument("--samples", type=int, default=8, help="R: responses per prompt")
+    p.add_argument("--max-tokens", type=int, default=8192, help="L: most new tokens per response")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--between", type=float, default=0.9, help="share of log-length variance between prompts")
+    p.add_argument("--growth", type=float, default=0.0, help="relative growth of lengths per step")
+    p.add_argument("--dataset-prompts", type=int, default=None, help="prompts in the dataset (default 16 x P)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a constant, e.g. --set train.mfu=0.4 --set engine.mem_fraction=0.5")
+    p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the result here (default: stdout)")
+    p.add_argument("--plot", type=Path, default=None, help="PNG: a step's per-instance timeline and step times")
+    p.add_argument("--plot-step", type=int, default=None, help="step drawn by --plot (default: the slowest)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def constants_from(overrides: list[str]) -> SimConstants:
+    constants = SimConstants()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set train.mfu=0.4")
+        part = getattr(constants, section, None)
+        if section == "hardware" or not attrs.has(type(part)):
+            sections = [f.name for f in attrs.fields(SimConstants) if f.name != "hardware"]
+            raise ConfigError(f"--set {item!r}: unknown section {section!r}; sections: {', '.join(sections)}")
+        fields = {f.name: f for f in attrs.fields(type(part))}
+        if name not in fields:
+            raise ConfigError(f"--set {item!r}: {section} has no {name!r}; keys: {', '.join(fields)}")
+        current = getattr(part, name)
+        try:
+            value = (raw.lower() in ("1", "true", "yes")) if isinstance(current, bool) else type(current)(raw)
+        except ValueError:
+            raise ConfigError(f"--set {item!r}: {raw!r} is not a {type(current).__name__}") from None
+        constants = attrs.evolve(constants, **{section: attrs.evolve(part, **{name: value})})
+    return constants
+
+
+def config_from(args: argparse.Namespace) -> SimConfig:
+    knobs = {knob: getattr(args, knob) for knob, _ in KNOB_FLAGS.values() if getattr(args, knob) is not None}
+    if args.predict:
+        knobs["predict"] = True
+    valid = policy_knobs(args.policy)
+    for knob in knobs:
+        if knob not in valid:
+            flag = "--" + knob.replace("_", "-")
+            raise ConfigError(f"{flag} is not a knob of policy {args.policy!r} (its knobs: "
+                              f"{', '.join('--' + k.replace('_', '-') for k in valid if k not in ('prompts', 'samples', 'max_tokens'))})")
+    if args.workload not in BUILTIN and not Path(args.workload).is_file():
+        raise ConfigError(f"--workload {args.workload!r}: no such file, and not one of {', '.join(BUILTIN)}")
+    for flag, path in (("--json", args.json_out), ("--plot", args.plot)):
+        if path is not None and not path.parent.exists():
+            raise ConfigError(f"{flag} {str(path)!r}: directory {str(path.parent)!r} does not exist")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib: pip install 'rollpacker[plot]'") from None
+    config = SimConfig(workload=args.workload, policy=args.policy, knobs=knobs, prompts=args.prompts,
+                       samples=args.samples, max_tokens=args.max_tokens, steps=args.steps, seed=args.seed,
+                       instances=args.instances, tp=args.tp, tp_mode=args.tp_mode, model=args.model,
+                       dataset_prompts=args.dataset_prompts, between=args.between, growth=args.growth)
+    if args.plot_step is not None and not 0 <= args.plot_step < args.steps:
+        raise ConfigError(f"--plot-step {args.plot_step} is outside 0..{args.steps - 1}")
+    config.build_policy()  # knob values are checked here, before any work
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    constants = constants_from(args.overrides)
+    sim = Simulation(config, constants, record_timeline=args.plot is not None)
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        progress = tqdm(total=config.steps, desc=f"simulate {config.policy}", unit="step", file=sys.stderr)
+    try:
+        result = sim.run(progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    result["constants"] = attrs.asdict(constants)
+    text = json.dumps(result, indent=1)
+    if args.json_out is None:
+        print(text)
+    else:
+        args.json_out.write_text(text + "\n")
+    if args.plot is not None:
+        from .plot import plot_run
+        step = args.plot_step if args.plot_step is not None else max(
+            range(len(result["steps"])), key=lambda i: result["steps"][i]["rollout_s"])
+        plot_run(result, sim.timelines, step, args.plot)
+    t = result["total"]
+    print(f"{config.policy}: {t['steps']} steps, rollout {t['mean_rollout_s']:.1f} s/step "
+          f"({t['rollout_over_lower_bound']:.2f}x lower bound), bubble {t['bubble_ratio']:.1%}, "
+          f"lost {t['lost_prompts']}, duplicate {t['duplicate_prompts']}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rollpacker.sim", description=add_parser.__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as exc:
+        print(f"rollpacker simulate: error: {exc}", file=sys.stderr)
+        return 2
