@@ -4,13 +4,15 @@ The model of ../shared/LATENCY.md section 1, shared by the TP planner (core) and
 
     step(b, C, n_pf) = t0 + t1 * (b + n_pf) + t2 * C + t_attn_pf
     t0 = W_read / (TP * BW_w) + L * tau_L + 2L * tau_AR * [TP > 1] + tau_0
-    t1 = 2 * P_read / (TP * F)
+    t1 = 2 * P_read / (TP * F * eff(TP)) + [TP > 1] * 2L * h * dtype / BW_AR(TP)
     t2 = kv_bytes_per_token / (TP * BW_kv)
     t_attn_pf = 2 * n_pf * (c0 + n_pf / 2) * H * d * L / (TP * F_attn)
     KV capacity (tokens) = (mem_fraction * M * TP - W) / kv_bytes_per_token
 
 b decoding sequences, C the sum of their context lengths, n_pf prefill tokens, c0 tokens already
-cached.  The numbers (and where each comes from) live in rollpacker/sim/constants.py; this file
+cached.  The t1 refinement (GEMM efficiency eff(TP) < 1 and all-reduce traffic of 2L all-reduces
+of h values per token) is LATENCY.md's "prefill corrections" applied to every token: without it,
+TP would look free and the largest TP would always win.  The numbers (and where each comes from) live in rollpacker/sim/constants.py; this file
 holds no constant of its own, so no number is stated twice.
 """
 
@@ -40,6 +42,7 @@ class ModelShape:
     """W: all weights, as resident in GPU memory."""
     read_bytes: float = field(validator=_positive_number)
     """W_read: weights read per decode step (no input embedding, untied lm_head included)."""
+    hidden: int = field(validator=_positive_number)
     dtype_bytes: int = 2
 
     @property
@@ -66,6 +69,18 @@ class Hardware:
     tau_allreduce: float = field(validator=_positive_number)
     tau_fixed: float = field(validator=_positive_number)
     gpus_per_node: int = field(validator=_positive_number)
+    tp_efficiency: tuple[tuple[int, float], ...] = ((1, 1.0),)
+    """(TP, GEMM speed-up / TP); TPs not listed use the largest listed TP below them."""
+    allreduce_bw: tuple[tuple[int, float], ...] = ()
+    """(TP, bytes/s of a large all-reduce); TPs not listed use the largest listed TP below them."""
+
+
+def _lookup(table: tuple[tuple[int, float], ...], tp: int, default: float) -> float:
+    value = default
+    for key, v in sorted(table):
+        if key <= tp:
+            value = v
+    return value
 
 
 @frozen(kw_only=True)
@@ -87,7 +102,12 @@ class CostModel:
 
     @property
     def t1(self) -> float:
-        return 2 * self.model.params / (self.tp * self.hardware.flops)
+        m, h, tp = self.model, self.hardware, self.tp
+        gemm = 2 * m.params / (tp * h.flops * _lookup(h.tp_efficiency, tp, 1.0))
+        if tp == 1:
+            return gemm
+        bw = _lookup(h.allreduce_bw, tp, 0.0)
+        return gemm + (2 * m.layers * m.hidden * m.dtype_bytes / bw if bw > 0 else 0.0)
 
     @property
     def t2(self) -> float:

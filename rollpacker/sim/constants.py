@@ -26,17 +26,23 @@ H100 = Hardware(
     tau_allreduce=9e-6,      # tau_AR: 8-10 us per all-reduce, sglang PR #2904
     tau_fixed=0.8e-3,        # tau_0: SGLang fixed cost per step, fit
     gpus_per_node=8,         # HGX/DGX H100/H800 node
+    # GEMM speed-up / TP: Vidur H100 profiles give 1.89x/3.30x (7B) and 1.99x/3.76x (34B) at TP2/4;
+    # we take the mean (0.97, 0.89); TP8 0.8 is an extrapolation (assumption).
+    tp_efficiency=((1, 1.0), (2, 0.97), (4, 0.89), (8, 0.8)),
+    # Large all-reduce bandwidth: ~460/360 GB/s at TP2/4 on H100 DGX (Vidur all_reduce.csv);
+    # TP8 300 GB/s is an assumption.  (H800: NVLink 400 vs 900 GB/s, roughly half.)
+    allreduce_bw=((2, 460e9), (4, 360e9), (8, 300e9)),
 )
 
 # -- models (LATENCY.md section 2; shapes from the Hugging Face config.json files) -----------------
 MODELS = {
-    "qwen2.5-7b": ModelShape(name="Qwen2.5-7B", layers=28, heads=28, kv_heads=4, head_dim=128,
+    "qwen2.5-7b": ModelShape(name="Qwen2.5-7B", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
                              weight_bytes=15.2 * GB, read_bytes=14.1 * GB),
-    "llama3.1-8b": ModelShape(name="Llama-3.1-8B", layers=32, heads=32, kv_heads=8, head_dim=128,
+    "llama3.1-8b": ModelShape(name="Llama-3.1-8B", hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128,
                               weight_bytes=16.1 * GB, read_bytes=15.0 * GB),
-    "qwen2.5-14b": ModelShape(name="Qwen2.5-14B", layers=48, heads=40, kv_heads=8, head_dim=128,
+    "qwen2.5-14b": ModelShape(name="Qwen2.5-14B", hidden=5120, layers=48, heads=40, kv_heads=8, head_dim=128,
                               weight_bytes=29.5 * GB, read_bytes=28.0 * GB),
-    "qwen2.5-32b": ModelShape(name="Qwen2.5-32B", layers=64, heads=40, kv_heads=8, head_dim=128,
+    "qwen2.5-32b": ModelShape(name="Qwen2.5-32B", hidden=5120, layers=64, heads=40, kv_heads=8, head_dim=128,
                               weight_bytes=65.5 * GB, read_bytes=64.0 * GB),
 }
 

@@ -1,0 +1,62 @@
+"""`rollpacker simulate` end to end, through the installed console script's module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+REQUIRED = ["rollout_s", "reward_s", "train_s", "step_s", "bubble_ratio", "lower_bound_rollout_s",
+            "generated_tokens", "wasted_tokens", "trained_prompts", "pending_prompts", "lost_prompts",
+            "duplicate_prompts", "offpolicy_tokens", "short_rounds", "long_rounds", "mean_kept_length",
+            "mean_generated_length"]
+
+
+def simulate(*args):
+    return subprocess.run([sys.executable, "-c", "import sys; from rollpacker.cli import main; sys.exit(main())",
+                           "simulate", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_simulate_writes_json_and_plot(tmp_path):
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    proc = simulate("--policy", "tail", "--eta-prompts", "1.5", "--prompts", "16", "--samples", "4",
+                    "--steps", "5", "--instances", "4", "--json", str(out), "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert set(result) >= {"config", "steps", "total"}
+    assert len(result["steps"]) == 5
+    for record in result["steps"] + [result["total"]]:
+        missing = [k for k in REQUIRED if k not in record]
+        assert not missing, missing
+    assert result["config"]["knobs"] == {"eta_prompts": 1.5}
+    assert result["total"]["short_rounds"] >= 1
+    assert png.stat().st_size > 10_000
+
+
+def test_python_dash_m_and_jsonl_workload(tmp_path):
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"prompt": f"p{i}", "lengths": [10 + i, 300 * (i % 5) + 1]}) + "\n"
+                          for i in range(40)))
+    proc = subprocess.run([sys.executable, "-m", "rollpacker.sim", "--workload", str(wl), "--policy", "sync",
+                           "--prompts", "8", "--samples", "2", "--steps", "2", "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["total"]["trained_prompts"] == 16
+
+
+def test_bad_input_fails_before_work(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "lengths": [1]}\n{"prompt": "b", "lengths": [-1]}\n')
+    cases = [
+        (["--workload", str(bad)], f"{bad}:2: length -1 is negative"),
+        (["--workload", "no-such"], "no such file"),
+        (["--policy", "sync", "--eta-prompts", "2"], "--eta-prompts is not a knob of policy 'sync'"),
+        (["--set", "engine.nope=1"], "engine has no 'nope'"),
+        (["--json", str(tmp_path / "missing" / "x.json")], "does not exist"),
+        (["--model", "qwen2.5-32b", "--tp", "1", "--max-tokens", "32768"], "raise --tp"),
+    ]
+    for args, message in cases:
+        proc = simulate(*args, "--no-progress")
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr

@@ -1,0 +1,96 @@
+"""Simulator invariants, checked after every event of whole simulated runs."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollpacker.sim import SimConfig, SimConstants, Simulation
+
+
+class CheckedSimulation(Simulation):
+    """Asserts the engine invariants each time the driver settles the instances."""
+
+    def _settle(self) -> None:
+        super()._settle()
+        seen: dict[str, int] = {}
+        for inst in self.instances:
+            for rid in list(inst.running) + [r.rid for r in inst.waiting]:
+                assert rid not in seen, f"{rid} on instances {seen[rid]} and {inst.index}"
+                seen[rid] = inst.index
+            assert inst.kv_used() <= inst.capacity * (1 + 1e-9), (inst.index, inst.kv_used(), inst.capacity)
+            assert len(inst.running) <= inst.max_running
+            exact = sum(r.context(inst.step) for r in inst.running.values())
+            assert abs(exact - inst.kv_used()) <= 1e-6 * max(1.0, exact)
+        assert set(seen) == set(self.live), "driver and instances disagree on live requests"
+
+
+def tight_kv(fraction: float) -> SimConstants:
+    c = SimConstants()
+    return attrs.evolve(c, engine=attrs.evolve(c.engine, mem_fraction=fraction))
+
+
+def check_run(result: dict, sim: Simulation) -> None:
+    for rec in result["steps"]:
+        assert rec["lower_bound_rollout_s"] <= rec["rollout_s"] * (1 + 1e-9)
+        assert 0.0 <= rec["idle_ratio"] <= 1.0  # busy time <= wall time x instances
+        assert 0.0 <= rec["bubble_ratio"] <= 1.0
+        assert rec["reward_s"] >= 0 and rec["train_s"] >= 0
+        assert rec["lost_prompts"] == 0 and rec["duplicate_prompts"] == 0
+        assert rec["trained_prompts"] == sim.config.prompts
+    for inst in sim.instances:
+        assert inst.busy_s <= sim.meter.rollout_end - sim.meter.start + 1e-6
+    total = result["total"]
+    assert total["lost_prompts"] == 0 and total["duplicate_prompts"] == 0
+    assert total["trained_prompts"] == sim.config.prompts * sim.config.steps
+
+
+POLICIES = [("sync", {}), ("tail", {}), ("tail", {"eta_responses": 1.0}), ("tail", {"predict": True}),
+            ("sorted", {}), ("sorted", {"mode": "partial"}), ("partial", {})]
+
+
+@pytest.mark.parametrize("policy,knobs", POLICIES)
+def test_policies_keep_invariants_with_preemption(policy, knobs):
+    config = SimConfig(policy=policy, knobs=knobs, prompts=16, samples=4, max_tokens=8192, steps=6,
+                       instances=1, tp=4, model="qwen2.5-32b", seed=3)
+    sim = CheckedSimulation(config, tight_kv(0.21))
+    result = sim.run()
+    check_run(result, sim)
+    assert result["total"]["preemptions"] > 0  # the tight pool really preempts
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from([p for p, _ in POLICIES]),
+       instances=st.integers(1, 4), fraction=st.sampled_from([0.21, 0.5, 0.85]),
+       workload=st.sampled_from(["servegen-r1", "azure-conv"]))
+def test_random_configs_keep_invariants(seed, policy, instances, fraction, workload):
+    config = SimConfig(policy=policy, prompts=8, samples=4, max_tokens=4096, steps=3, instances=instances,
+                       tp=4, model="qwen2.5-32b", seed=seed, workload=workload)
+    sim = CheckedSimulation(config, tight_kv(fraction))
+    check_run(sim.run(), sim)
+
+
+def test_same_seed_same_result():
+    config = SimConfig(policy="tail", prompts=16, samples=4, steps=3, instances=4)
+    a, b = Simulation(config).run(), Simulation(config).run()
+    assert a["steps"] == b["steps"]
+
+
+def test_tail_over_launch_biases_groups_short_and_unbiased_mode_does_not():
+    base = dict(prompts=32, samples=8, max_tokens=8192, steps=4, instances=4, seed=1)
+    biased = Simulation(SimConfig(policy="tail", **base)).run()["steps"]
+    short = [s for s in biased if s["round"] == "short"]
+    assert all(s["mean_kept_length"] < s["mean_generated_length"] * 1.5 for s in short)
+    assert sum(s["mean_kept_length"] for s in short) < sum(s["mean_generated_length"] for s in short) * 1.2
+
+
+def test_32k_step_on_64_gpus_is_fast():
+    import time
+    config = SimConfig(policy="sync", prompts=128, samples=8, max_tokens=32768, steps=1, instances=16, tp=4,
+                       model="qwen2.5-32b")
+    sim = Simulation(config)
+    t = time.perf_counter()
+    sim.run()
+    assert time.perf_counter() - t < 4.0  # target 2 s; slack for a shared 2-core machine
