@@ -1,0 +1,330 @@
+"""`rollpacker serve`: any `RolloutEngine` behind the subset of SGLang's native HTTP API that RL uses.
+
+    rollpacker serve --model PATH --port 30000 --host 127.0.0.1
+
+Endpoints (shapes as SGLang's, see `sglang_codec`): GET /health, /health_generate, /get_model_info,
+/get_server_info; POST /generate (stream or not), /abort_request {rid, abort_all},
+/pause_generation {mode}, /continue_generation, /update_weights_from_disk {model_path,
+weight_version}, /flush_cache.  Input is token ids only (`input_ids`): this server does no
+tokenization, like SGLang with --skip-tokenizer-init.
+
+Theory of operation: the engine's API is synchronous and thread-safe; aiohttp runs on one event
+loop.  Submits, aborts and pause/continue are quick calls made from the loop; a weight update blocks,
+so it runs in the default executor.  One pump thread calls `engine.poll` and hands every event to the
+loop, which routes it to the waiting handler's queue by request id.  A stream whose client goes away
+aborts its request, as SGLang does.  Streamed progress chunks carry the running count only (the
+engine protocol reports counts); the final chunk carries every token id and log-prob.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from rollpacker.backends.sglang_codec import progress_chunk, result_chunk, sse
+from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
+
+log = logging.getLogger(__name__)
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+def _request_from_body(body: Any) -> GenerationRequest:
+    """A /generate body -> one GenerationRequest; anything unsupported is a `_BadRequest`."""
+    if not isinstance(body, dict):
+        raise _BadRequest("the body must be a JSON object")
+    if "input_ids" not in body:
+        raise _BadRequest("input_ids is required: this server does not tokenize (send token ids, not text)")
+    ids = body["input_ids"]
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        raise _BadRequest("input_ids must be one non-empty list of token ids (batches are not supported)")
+    rid = body.get("rid")
+    if rid is None:
+        rid = uuid.uuid4().hex
+    if not isinstance(rid, str) or not rid:
+        raise _BadRequest(f"rid must be one non-empty string, got {rid!r}")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise _BadRequest("sampling_params must be an object")
+    if params.get("n", 1) != 1:
+        raise _BadRequest("sampling_params.n must be 1: send one request per sample with its own rid")
+    try:
+        return GenerationRequest(
+            request_id=rid,
+            prompt_ids=tuple(ids),
+            max_new_tokens=int(params.get("max_new_tokens", 128)),
+            temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            seed=None if params.get("sampling_seed") is None else int(params["sampling_seed"]),
+        )
+    except (TypeError, ValueError) as exc:
+        raise _BadRequest(f"bad sampling_params: {exc}") from None
+
+
+class EngineServer:
+    """The aiohttp application over one engine.  `model_path` is what /get_model_info reports."""
+
+    def __init__(self, engine: RolloutEngine, model_path: str, *, weight_version: int = 0) -> None:
+        self.engine = engine
+        self.model_path = model_path
+        self.weight_version = str(weight_version)
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app.add_routes([
+            web.get("/health", self.health),
+            web.get("/health_generate", self.health),
+            web.get("/get_model_info", self.model_info),
+            web.get("/get_server_info", self.server_info),
+            web.post("/generate", self.generate),
+            web.put("/generate", self.generate),
+            web.post("/abort_request", self.abort_request),
+            web.post("/pause_generation", self.pause),
+            web.post("/continue_generation", self.resume),
+            web.post("/update_weights_from_disk", self.update_weights_from_disk),
+            web.route("*", "/flush_cache", self.flush_cache),
+        ])
+        self.app.on_startup.append(self._start_pump)
+        self.app.on_cleanup.append(self._stop_pump)
+        self._waiters: dict[str, asyncio.Queue] = {}
+        """rid -> queue of engine events, for every request submitted and not yet finished."""
+        self._failure: BaseException | None = None
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pump: threading.Thread | None = None
+
+    # -- the pump ---------------------------------------------------------------------------------
+
+    async def _start_pump(self, app) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._pump = threading.Thread(target=self._run_pump, name="rollpacker-serve-pump", daemon=True)
+        self._pump.start()
+
+    async def _stop_pump(self, app) -> None:
+        self._stopping.set()
+        if self._pump is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._pump.join, 5)
+
+    def _run_pump(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                events = self.engine.poll(0.1)
+            except BaseException as exc:  # the engine died: /health goes 503, waiters fail
+                log.exception("engine poll failed")
+                self._failure = exc
+                self._loop.call_soon_threadsafe(self._fail_all)
+                return
+            for event in events:
+                self._loop.call_soon_threadsafe(self._deliver, event)
+
+    def _deliver(self, event: GenerationProgress | GenerationResult) -> None:
+        queue = self._waiters.get(event.request_id)
+        if queue is not None:
+            queue.put_nowait(event)
+        if isinstance(event, GenerationResult):
+            self._waiters.pop(event.request_id, None)
+
+    def _fail_all(self) -> None:
+        for queue in self._waiters.values():
+            queue.put_nowait(None)
+        self._waiters.clear()
+
+    # -- endpoints --------------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self._failure is not None else 200)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+        })
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "model_path": self.model_path,
+            "max_running_requests": self.engine.capacity,
+            "skip_tokenizer_init": True,
+            "weight_version": self.weight_version,
+            "version": "rollpacker-serve",
+        })
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        if self._failure is not None:
+            return _error(f"the engine failed: {self._failure!r}", 503)
+        try:
+            body = await request.json()
+            gen = _request_from_body(body)
+            if gen.request_id in self._waiters:
+                raise _BadRequest(f"rid {gen.request_id!r} is already running")
+            self.engine.submit([gen])
+        except ValueError as exc:  # _BadRequest, JSON errors, the engine's ConfigError/SchedulerMisuse
+            return _error(str(exc))
+        queue: asyncio.Queue = asyncio.Queue()
+        self._waiters[gen.request_id] = queue
+        started = time.monotonic()
+        finish = lambda result: result_chunk(  # noqa: E731
+            result, len(gen.prompt_ids), time.monotonic() - started, gen.max_new_tokens
+        )
+        if not body.get("stream"):
+            try:
+                while True:
+                    event = await queue.get()
+                    if event is None:
+                        return _error("the engine failed while generating", 500)
+                    if isinstance(event, GenerationResult):
+                        return web.json_response(finish(event))
+            except asyncio.CancelledError:
+                self._abort_quietly([gen.request_id])
+                raise
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            await response.prepare(request)
+            while True:
+                event = await queue.get()
+                if event is None:
+                    await response.write(sse({"error": {"message": "the engine failed while generating"}}))
+                    break
+                if isinstance(event, GenerationResult):
+                    await response.write(sse(finish(event)))
+                    break
+                await response.write(sse(progress_chunk(
+                    gen.request_id, event.num_tokens, len(gen.prompt_ids), self.weight_version)))
+            await response.write(sse(None))
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self._abort_quietly([gen.request_id])  # the client went away: free the slot
+            raise
+        return response
+
+    def _abort_quietly(self, rids: list[str]) -> None:
+        live = [r for r in rids if r in self._waiters]
+        if live:
+            try:
+                self.engine.abort(live)
+            except Exception:  # noqa: BLE001  (best effort on a disconnect)
+                log.exception("abort after disconnect failed")
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """SGLang semantics: `abort_all`, or every running rid that starts with `rid`; unknown rids
+        are ignored (the request may have just finished)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error("the body must be JSON {rid, abort_all}")
+        if not isinstance(body, dict):
+            return _error("the body must be a JSON object {rid, abort_all}")
+        rid = body.get("rid") or ""
+        if body.get("abort_all"):
+            targets = list(self._waiters)
+        elif isinstance(rid, str) and rid:
+            targets = [r for r in self._waiters if r.startswith(rid)]
+        else:
+            return _error("abort_request needs a rid or abort_all")
+        if targets:
+            self.engine.abort(targets)
+        return web.Response(status=200)
+
+    async def pause(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else {}
+        mode = (body or {}).get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            return _error(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        self.engine.pause()
+        if mode == "abort" and self._waiters:
+            self.engine.abort(list(self._waiters))
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self.engine.resume()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            path = body["model_path"]
+            if not isinstance(path, str) or not path:
+                raise KeyError("model_path")
+        except (ValueError, KeyError, TypeError):
+            return _error("update_weights_from_disk needs a JSON body with model_path")
+        label = body.get("weight_version")
+        try:
+            version = int(label) if label is not None else int(self.weight_version) + 1
+        except ValueError:
+            return _error(f"weight_version must be an integer label here, got {label!r}")
+        if body.get("abort_all_requests") and self._waiters:
+            self.engine.abort(list(self._waiters))
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self.engine.update_weights, path, version)
+        except Exception as exc:  # noqa: BLE001  (reported to the caller, as SGLang does)
+            return web.json_response(
+                {"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0},
+                status=400,
+            )
+        self.weight_version = str(version)
+        return web.json_response({
+            "success": True,
+            "message": f"Succeeded to update model weights. Weight version updated to {version}.",
+            "num_paused_requests": 0,
+        })
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self._waiters:
+            return web.Response(status=400, text="Cache not flushed: there are running or waiting requests.\n")
+        return web.Response(status=200, text="Cache flushed.\n")
+
+
+# -- the `rollpacker serve` subcommand --------------------------------------------------------------
+
+
+def add_parser(sub, name: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help="serve the embedded engine through SGLang's native HTTP API",
+                            description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--capacity", type=int, default=64, help="most requests decoded at once")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--progress-every", type=int, default=4, help="stream a progress chunk every N tokens")
+    parser.add_argument("--ignore-eos", action="store_true", help="never stop on EOS (exact lengths)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rollpacker.backends.embedded import EmbeddedEngine
+    from rollpacker.backends.models import resolve_model
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    model_dir = resolve_model(args.model)
+    engine = EmbeddedEngine(
+        model_dir, capacity=args.capacity, dtype=args.dtype, seed=args.seed,
+        progress_every=args.progress_every, stop_token_ids=() if args.ignore_eos else None,
+    )
+    server = EngineServer(engine, str(model_dir))
+    try:
+        web.run_app(server.app, host=args.host, port=args.port, print=lambda *a: log.info(*a),
+                    handle_signals=True, shutdown_timeout=2.0)
+    finally:
+        engine.close()
+    return 0
