@@ -270,6 +270,23 @@ class TitanTrainer:
         self.step = int(json.loads(state_file.read_text())["step"])
         self._pending = _Accumulator()
 
+    def gradients(self) -> dict[str, Any]:
+        """The accumulated (not yet normalised) gradients as HF-named full tensors on every rank;
+        for diagnostics and tests.  Collective."""
+        from torch.distributed.tensor import DTensor
+
+        grads = {}
+        for name, p in self.model.named_parameters(remove_duplicate=False):  # both names of a tied matrix
+            if p.grad is not None:
+                g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                grads[name] = g.detach().cpu().clone()
+        return self.adapter.to_hf(grads)
+
+    def discard_gradients(self) -> None:
+        """Drop the accumulated gradients and statistics without stepping (an abandoned step)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending = _Accumulator()
+
     def close(self) -> None:
         import torch.distributed as dist
 
