@@ -1,0 +1,217 @@
+"""The TorchTitan trainer in one process: bad input refused with errors that name what is wrong,
+the GRPO token loss against hand-computed values, the data-parallel split, and the KL path."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchtitan")
+
+from titan_tiny import make_tiny_checkpoint  # noqa: E402
+
+from rollpacker.backends.titan_config import TitanConfig  # noqa: E402
+from rollpacker.backends.titan_loss import (  # noqa: E402
+    InvalidMicroBatch,
+    check_micro_batch,
+    grpo_token_loss,
+    pack,
+    split_for_ranks,
+)
+from rollpacker.core.errors import ConfigError  # noqa: E402
+from rollpacker.core.protocols import MicroBatch, TrainSample  # noqa: E402
+
+
+def ok_sample(**kw) -> TrainSample:
+    args = dict(prompt_ids=(1, 2), response_ids=(3, 4, 5), advantage=0.5, token_weight=1.0)
+    args.update(kw)
+    return TrainSample(**args)
+
+
+@pytest.mark.parametrize(
+    "sample, message",
+    [
+        (ok_sample(response_ids=()), "sample 0 has no response tokens"),
+        (ok_sample(prompt_ids=()), "sample 0 has an empty prompt"),
+        (ok_sample(old_logprobs=(-0.1, -0.2)), "sample 0: 2 old_logprobs for 3 response tokens"),
+        (ok_sample(advantage=float("nan")), "sample 0: advantage is nan"),
+        (ok_sample(token_weight=float("inf")), "sample 0: token_weight is inf"),
+        (ok_sample(old_logprobs=(-0.1, float("nan"), -0.3)), "old_logprobs[1] = nan"),
+        (ok_sample(old_logprobs=(-0.1, 0.5, -0.3)), "old_logprobs[1] = 0.5 is not a log-probability"),
+        (ok_sample(response_ids=(3, 999)), "token id 999 is outside the vocabulary"),
+        (ok_sample(response_ids=tuple(range(3, 40))), "exceed max_seq_len 16"),
+    ],
+)
+def test_bad_micro_batch_is_refused(sample: TrainSample, message: str) -> None:
+    with pytest.raises(InvalidMicroBatch, match=message.replace("[", r"\[").replace("]", r"\]")):
+        check_micro_batch(MicroBatch((sample,)), vocab_size=100, max_seq_len=16)
+
+
+def test_empty_micro_batch_is_refused() -> None:
+    with pytest.raises(InvalidMicroBatch, match="no samples"):
+        check_micro_batch(MicroBatch(()), vocab_size=100, max_seq_len=16)
+
+
+def test_grpo_loss_matches_hand_computation() -> None:
+    logp = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.9)]])
+    old = torch.tensor([[math.log(0.25), math.log(0.3), math.log(0.9 / 0.5)]])  # ratios 2, 1, 0.5
+    for adv, expected, clipped in [
+        # A > 0: -min(r A, clip(r) A) -> ratio 2 clipped to 1.2; ratio 0.5 stays (min takes it).
+        (1.0, [-1.2, -1.0, -0.5], [True, False, False]),
+        # A < 0: ratio 0.5 clipped to 0.8 (min of -0.5A... takes the clipped branch); ratio 2 stays.
+        (-1.0, [2.0, 1.0, 0.8], [False, False, True]),
+    ]:
+        loss, was_clipped = grpo_token_loss(logp, old, torch.tensor([[adv]]), clip_low=0.2, clip_high=0.2)
+        assert loss[0].tolist() == pytest.approx(expected, abs=1e-6)
+        assert was_clipped[0].tolist() == clipped
+
+
+def test_kl_term_is_k3_estimator() -> None:
+    logp = torch.tensor([[math.log(0.5)]])
+    ref = torch.tensor([[math.log(0.25)]])
+    loss, _ = grpo_token_loss(logp, logp, torch.tensor([[0.0]]), clip_low=0.2, clip_high=0.2, ref_logp=ref, kl_coef=0.1)
+    delta = math.log(0.25) - math.log(0.5)
+    assert loss.item() == pytest.approx(0.1 * (math.exp(delta) - delta - 1.0), abs=1e-7)
+
+
+def test_split_for_ranks_covers_every_sample_once_and_balances_tokens() -> None:
+    samples = [ok_sample(response_ids=tuple(range(3, 3 + n))) for n in (9, 1, 7, 3, 5, 2)]
+    parts = split_for_ranks(samples, 3)
+    assert sorted(i for p in parts for i in p) == list(range(6))
+    loads = [sum(len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in p) for p in parts]
+    assert max(loads) - min(loads) <= 3
+    assert split_for_ranks(samples[:1], 2) == [[0], []]  # a rank may get nothing (it runs a zero-weight pass)
+
+
+def test_pack_aligns_targets_with_response_tokens() -> None:
+    packed = pack([ok_sample(), ok_sample(prompt_ids=(7,), response_ids=(8,), token_weight=2.0)], pad_multiple=4, device="cpu", dtype=None)
+    assert packed.input_ids.shape == (2, 4)
+    assert packed.input_ids[0].tolist() == [1, 2, 3, 4]
+    assert packed.targets[0].tolist() == [0, 3, 4, 5] and packed.mask[0].tolist() == [False, True, True, True]
+    assert packed.targets[1].tolist() == [8, 0, 0, 0] and packed.weights[1].tolist() == [2.0, 0.0, 0.0, 0.0]
+
+
+def test_config_validates_fields() -> None:
+    with pytest.raises(ConfigError, match="tp"):
+        TitanConfig(model_dir="x", tp=0)
+    with pytest.raises(ConfigError, match="betas"):
+        TitanConfig(model_dir="x", betas=(0.9, 1.5))
+    with pytest.raises(ConfigError, match="max_grad_norm"):
+        TitanConfig(model_dir="x", max_grad_norm=0.0)
+
+
+# --- checkpoint directories ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "llama", family="llama", tied=True)
+
+
+def _expected_and_read(model_dir: Path):
+    from rollpacker.backends import titan_cpu
+
+    titan_cpu.stub_missing_triton_kernels()
+    from rollpacker.backends.titan_model import expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights
+
+    cfg = read_hf_config(model_dir)
+    spec = model_spec_from_hf(cfg, inner_attention=titan_cpu.cpu_inner_attention(), fuse_qkv=False, max_seq_len=None)
+    with torch.device("meta"):
+        model = spec.model_config.build()
+    adapter = spec.adapter_cls(spec.model_config, None)
+    return read_hf_weights(model_dir, expected_hf_shapes(adapter, model))
+
+
+def test_missing_directory_and_config(tmp_path: Path) -> None:
+    from rollpacker.backends.titan_model import read_hf_config
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_hf_config(tmp_path / "nope")
+    with pytest.raises(ConfigError, match="config.json is missing"):
+        read_hf_config(tmp_path)
+
+
+def test_unsupported_architecture_names_the_file(tiny_dir: Path, tmp_path: Path) -> None:
+    from rollpacker.backends.titan_model import read_hf_config
+
+    bad = tmp_path / "gpt2"
+    shutil.copytree(tiny_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"gpt2/config.json: model_type 'gpt2'.*not supported"):
+        read_hf_config(bad)
+
+
+def test_shape_mismatch_names_file_and_tensor(tiny_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "wrong_ffn"
+    shutil.copytree(tiny_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["intermediate_size"] = 96  # the files hold 128
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"model.safetensors: tensor 'model.layers.0.mlp.(gate|up|down)_proj.weight' has shape"):
+        _expected_and_read(bad)
+
+
+def test_missing_tensor_is_named(tiny_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "missing"
+    shutil.copytree(tiny_dir, bad)
+    tensors = load_file(bad / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"tensors missing from \['model.safetensors'\]: \['model.norm.weight'\]"):
+        _expected_and_read(bad)
+
+
+def test_trainer_refuses_missing_checkpoint_before_any_setup(tmp_path: Path) -> None:
+    from rollpacker.backends.titan import TitanTrainer
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        TitanTrainer(TitanConfig(model_dir=tmp_path / "absent"))
+
+
+# --- a live trainer (world of one, in this process) ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kl_trainer(tiny_dir: Path):
+    import torch.distributed as dist
+
+    from rollpacker.backends.titan import TitanTrainer
+
+    trainer = TitanTrainer(TitanConfig(model_dir=tiny_dir, lr=1e-3, kl_coef=0.5, device="cpu"))
+    yield trainer
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(60)
+def test_bad_batch_refused_before_backward(kl_trainer) -> None:
+    bad = MicroBatch((ok_sample(), ok_sample(advantage=float("nan"))))
+    with pytest.raises(InvalidMicroBatch, match="sample 1: advantage is nan"):
+        kl_trainer.forward_backward(bad)
+    assert all(p.grad is None for p in kl_trainer.model.parameters())
+    with pytest.raises(ConfigError, match="loss_normalizer"):
+        kl_trainer.optimizer_step(0.0)
+
+
+@pytest.mark.timeout(60)
+def test_kl_to_reference_is_zero_at_start_and_grows_after_a_step(kl_trainer) -> None:
+    batch = MicroBatch((ok_sample(advantage=1.0), ok_sample(prompt_ids=(9, 8, 7), response_ids=(6,), advantage=-1.0)))
+    first = kl_trainer.forward_backward(batch)
+    # Policy == reference and old == current: ratio 1, KL 0, loss = -sum w A per token.
+    assert first.loss_sum == pytest.approx(-(3 * 1.0) + 1 * 1.0, abs=1e-6)
+    assert first.clip_fraction == 0.0 and first.entropy_sum > 0.0
+    step = kl_trainer.optimizer_step(float(first.num_tokens))
+    assert step.grad_norm is not None and step.grad_norm > 0.0 and step.num_tokens == 4
+    second = kl_trainer.forward_backward(batch)
+    kl_trainer.discard_gradients()
+    # Ratio is still 1 (old = current), so the whole change is the KL term, which is > 0.
+    assert second.loss_sum > first.loss_sum + 1e-9
