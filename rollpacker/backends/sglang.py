@@ -314,7 +314,11 @@ class SGLangEngine:
         """Run `make(client)` on every live server concurrently without waiting (for a caller that
         must do its own part meanwhile, as an NCCL broadcast does); the future gives the answers."""
         live = [s.client for s in self._servers if s.failure is None]
-        return asyncio.run_coroutine_threadsafe(asyncio.gather(*(make(c) for c in live)), self._loop)
+
+        async def all_of() -> list:
+            return await asyncio.gather(*(make(c) for c in live))
+
+        return asyncio.run_coroutine_threadsafe(all_of(), self._loop)
 
     def _on_live_servers(self, make: Callable[[ServerClient], Awaitable], what: str,
                          timeout: float | None = None) -> list:
