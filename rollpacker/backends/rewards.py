@@ -1,0 +1,318 @@
+"""Reward scoring in worker processes, with deadlines enforced from outside.
+
+`ProcessRewardExecutor` implements `rollpacker.core.protocols.RewardExecutor`.  Each worker is a
+spawned process that runs one job at a time; a dispatcher thread in the parent hands queued jobs to
+idle workers, collects outcomes, and kills any worker whose job runs past its deadline (SIGKILL: a
+scorer stuck in C code ignores anything gentler), records a "timeout" outcome with reward 0, and
+starts a replacement.  A scorer that raises gives "error", one that returns NaN or inf gives "nan",
+both with reward 0; a worker that dies mid-job gives "error".  So every submitted job yields exactly
+one outcome, no later than its deadline after a worker took it.
+
+The deadline counts from when a worker starts the job; the wait before that is reported as
+`queue_s`.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
+`step_report()` returns the counts and queue latency since the previous call.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from typing import Any
+
+from attrs import define, field, frozen
+
+from rollpacker.core.errors import ConfigError, SchedulerMisuse
+from rollpacker.core.protocols import RewardJob, RewardOutcome
+
+Scorer = Callable[[str, Any, str], float]
+
+
+@frozen
+class RewardStepReport:
+    """What the executor did since the previous report."""
+
+    num_scored: int
+    """Outcomes with status "ok"."""
+    num_failed: int
+    """Outcomes with status "error", "nan" or "timeout"."""
+    num_timed_out: int
+    num_errors: int
+    num_nan: int
+    queue_s_mean: float
+    queue_s_max: float
+    latency_s_mean: float
+    num_workers_replaced: int
+
+
+def _worker_main(conn, scorer: Scorer, warmup: Callable[[], None] | None) -> None:
+    if warmup is not None:
+        warmup()
+    conn.send(("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        job_id, task, entry, response = msg
+        start = time.perf_counter()
+        try:
+            reward = float(scorer(task, entry, response))
+            status, error = ("ok", "") if math.isfinite(reward) else ("nan", f"scorer returned {reward}")
+        except BaseException as exc:  # noqa: BLE001 - any scorer failure is a recorded outcome
+            status, error, reward = "error", f"{type(exc).__name__}: {exc}"[:500], 0.0
+        conn.send((job_id, status, reward if status == "ok" else 0.0, error, time.perf_counter() - start))
+
+
+@define(eq=False)
+class _Worker:
+    process: Any
+    conn: Any
+    is_ready: bool = False
+    job: RewardJob | None = None
+    job_submitted: float = 0.0
+    job_started: float = 0.0
+
+
+@define(eq=False)
+class _Stats:
+    ok: int = 0
+    error: int = 0
+    nan: int = 0
+    timeout: int = 0
+    replaced: int = 0
+    queue_s: list[float] = field(factory=list)
+    latency_s: list[float] = field(factory=list)
+
+
+class ProcessRewardExecutor:
+    """Score `RewardJob`s in `num_workers` spawned processes.
+
+    scorer: a picklable module-level function (task, entry, response) -> float; default
+    `rollpacker.backends.tasks.score` (then unknown task names fail at submit).  warmup: run in
+    each worker before it takes jobs (default: `tasks.warm_up` with the default scorer).
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        *,
+        scorer: Scorer | None = None,
+        warmup: Callable[[], None] | None = None,
+        start_method: str = "spawn",
+    ):
+        if num_workers < 1:
+            raise ConfigError(f"num_workers must be >= 1, got {num_workers}")
+        from rollpacker.backends import tasks
+
+        self._check_task = tasks.task_spec if scorer is None else None
+        if scorer is None:
+            scorer, warmup = tasks.score, (tasks.warm_up if warmup is None else warmup)
+        self._scorer, self._warmup = scorer, warmup
+        self._ctx = mp.get_context(start_method)
+        self._num_workers = num_workers
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[RewardJob, float]] = deque()
+        self._in_flight: set[str] = set()
+        self._out: queue.Queue[RewardOutcome] = queue.Queue()
+        self._stats = _Stats()
+        self._is_closed = False
+        self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
+        self._workers: list[_Worker] = [self._spawn() for _ in range(num_workers)]
+        self._thread = threading.Thread(target=self._dispatch, name="rollpacker-rewards", daemon=True)
+        self._thread.start()
+
+    # -- Protocol ---------------------------------------------------------------------------------
+
+    def submit(self, job: RewardJob) -> None:
+        if not job.deadline_s > 0:
+            raise ConfigError(f"job {job.request_id!r}: deadline_s must be > 0, got {job.deadline_s}")
+        if self._check_task is not None:
+            self._check_task(job.task)
+        with self._lock:
+            if self._is_closed:
+                raise SchedulerMisuse("the reward executor is closed")
+            if job.request_id in self._in_flight:
+                raise SchedulerMisuse(f"reward job {job.request_id!r} is already in flight (duplicate request_id)")
+            self._in_flight.add(job.request_id)
+            self._pending.append((job, time.monotonic()))
+        self._wake_w.send_bytes(b"j")
+
+    def poll(self, timeout: float | None = None) -> list[RewardOutcome]:
+        """Outcomes since the last poll; waits up to `timeout` for the first (None: until one
+        arrives, or [] at once when nothing is in flight)."""
+        out = []
+        try:
+            if timeout is None:
+                while True:
+                    with self._lock:
+                        idle = not self._in_flight
+                    try:
+                        out.append(self._out.get(timeout=0.05 if idle else 0.5))
+                        break
+                    except queue.Empty:
+                        if idle:
+                            break
+            else:
+                out.append(self._out.get(timeout=max(0.0, timeout)))
+        except queue.Empty:
+            pass
+        while True:
+            try:
+                out.append(self._out.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        with self._lock:
+            if self._is_closed:
+                return
+            self._is_closed = True
+        self._wake_w.send_bytes(b"c")
+        self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    def step_report(self) -> RewardStepReport:
+        """Counts and latencies since the previous report (then reset)."""
+        with self._lock:
+            s, self._stats = self._stats, _Stats()
+        q, lat = s.queue_s, s.latency_s
+        return RewardStepReport(
+            num_scored=s.ok,
+            num_failed=s.error + s.nan + s.timeout,
+            num_timed_out=s.timeout,
+            num_errors=s.error,
+            num_nan=s.nan,
+            queue_s_mean=sum(q) / len(q) if q else 0.0,
+            queue_s_max=max(q) if q else 0.0,
+            latency_s_mean=sum(lat) / len(lat) if lat else 0.0,
+            num_workers_replaced=s.replaced,
+        )
+
+    # -- dispatcher thread ------------------------------------------------------------------------
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=_worker_main, args=(child, self._scorer, self._warmup), name="rollpacker-reward", daemon=True
+        )
+        proc.start()
+        child.close()
+        return _Worker(proc, parent)
+
+    def _dispatch(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._is_closed:
+                        break
+                self._assign()
+                now = time.monotonic()
+                deadlines = [w.job_started + w.job.deadline_s - now for w in self._workers if w.job is not None]
+                wait_s = min([0.5] + [max(0.0, d) for d in deadlines])
+                ready = wait([w.conn for w in self._workers] + [self._wake_r], timeout=wait_s)
+                if self._wake_r in ready:
+                    while self._wake_r.poll():
+                        self._wake_r.recv_bytes()
+                for w in list(self._workers):
+                    if w.conn in ready:
+                        self._receive(w)
+                self._enforce_deadlines()
+        finally:
+            self._shutdown()
+
+    def _assign(self) -> None:
+        for w in self._workers:
+            if not w.is_ready or w.job is not None:
+                continue
+            with self._lock:
+                if not self._pending:
+                    return
+                job, submitted = self._pending.popleft()
+            w.job, w.job_submitted, w.job_started = job, submitted, time.monotonic()
+            try:
+                w.conn.send((job.request_id, job.task, job.entry, job.response))
+            except (OSError, ValueError) as exc:  # broken pipe: the worker died
+                self._replace(w, "error", f"worker died before the job: {exc}")
+
+    def _receive(self, w: _Worker) -> None:
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            self._replace(w, "error", f"reward worker died (exit code {w.process.exitcode})")
+            return
+        if msg[0] == "ready":
+            w.is_ready = True
+            return
+        job_id, status, reward, error, latency = msg
+        job, w.job = w.job, None
+        if job is not None and job.request_id == job_id:
+            self._record(job, w.job_started - w.job_submitted, status, reward, error, latency)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w.job is not None and now - w.job_started > w.job.deadline_s:
+                self._replace(w, "timeout", f"scorer ran past its {w.job.deadline_s:g} s deadline; worker killed")
+
+    def _replace(self, w: _Worker, status: str, error: str) -> None:
+        """Kill `w`, record its job (if any) as failed, and start a new worker in its place."""
+        w.process.kill()
+        w.process.join(timeout=5)
+        w.conn.close()
+        if w.job is not None:
+            latency = w.job.deadline_s if status == "timeout" else time.monotonic() - w.job_started
+            self._record(w.job, w.job_started - w.job_submitted, status, 0.0, error, latency)
+        self._workers.remove(w)
+        with self._lock:
+            self._stats.replaced += 1
+            is_closed = self._is_closed
+        if not is_closed:
+            self._workers.append(self._spawn())
+
+    def _record(self, job: RewardJob, queue_s: float, status: str, reward: float, error: str, latency: float) -> None:
+        with self._lock:
+            self._in_flight.discard(job.request_id)
+            setattr(self._stats, status, getattr(self._stats, status) + 1)
+            self._stats.queue_s.append(queue_s)
+            self._stats.latency_s.append(latency)
+        self._out.put(RewardOutcome(job.request_id, reward, status, latency_s=latency, queue_s=queue_s, error=error))
+
+    def _shutdown(self) -> None:
+        """Stop every worker; jobs still queued or running end as errors so none is lost."""
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 2.0
+        for w in self._workers:
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(timeout=5)
+            if w.job is not None:
+                self._record(w.job, w.job_started - w.job_submitted, "error", 0.0, "executor closed", 0.0)
+            w.conn.close()
+        with self._lock:
+            pending, self._pending = list(self._pending), deque()
+        for job, submitted in pending:
+            self._record(job, time.monotonic() - submitted, "error", 0.0, "executor closed before scoring", 0.0)
+        self._workers = []

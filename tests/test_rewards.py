@@ -1,0 +1,113 @@
+"""The reward executor with real worker processes: right rewards for right and wrong answers, a
+scorer that hangs is cut at its deadline and its worker replaced, raising and NaN are recorded
+failures with reward 0."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from rollpacker.backends.rewards import ProcessRewardExecutor
+from rollpacker.backends.tasks import UnknownTask, make_problems
+from rollpacker.core.errors import ConfigError, SchedulerMisuse
+from rollpacker.core.protocols import RewardExecutor, RewardJob
+
+
+# Scorers for the failure tests: module-level so spawned workers can unpickle them.
+def scorer_by_response(task, entry, response):
+    if response == "hang":
+        time.sleep(3600)
+    if response == "raise":
+        raise RuntimeError("scorer exploded")
+    if response == "nan":
+        return math.nan
+    return float(response)
+
+
+def collect(executor, n, timeout=60.0):
+    outcomes, end = {}, time.monotonic() + timeout
+    while len(outcomes) < n and time.monotonic() < end:
+        for o in executor.poll(0.5):
+            assert o.request_id not in outcomes, "one outcome per job"
+            outcomes[o.request_id] = o
+    assert len(outcomes) == n, f"only {len(outcomes)} of {n} outcomes"
+    return outcomes
+
+
+@pytest.mark.timeout(120)
+def test_task_answers_scored_right():
+    problems = make_problems(["chain_sum", "gsm_symbolic"], size=4, seed=3)
+    with ProcessRewardExecutor(num_workers=2) as ex:
+        assert isinstance(ex, RewardExecutor)
+        for i, p in enumerate(problems):
+            ex.submit(RewardJob(f"right{i}", p.task, p.entry, f"Let me think. The answer is {p.answer}.", 30.0))
+            ex.submit(RewardJob(f"wrong{i}", p.task, p.entry, f"The answer is {int(p.answer) + 1}.", 30.0))
+            ex.submit(RewardJob(f"none{i}", p.task, p.entry, "I do not know.", 30.0))
+        out = collect(ex, 3 * len(problems))
+        report = ex.step_report()
+    for i in range(len(problems)):
+        assert out[f"right{i}"].status == "ok" and out[f"right{i}"].reward == 1.0
+        assert out[f"wrong{i}"].reward < 0.1
+        assert out[f"none{i}"].reward < 0.1
+    assert report.num_scored == 12 and report.num_failed == 0
+
+
+@pytest.mark.timeout(120)
+def test_math_verify_grades_free_form_answer():
+    p = make_problems(["gsm_symbolic"], size=1, seed=5)[0]
+    with ProcessRewardExecutor(num_workers=1) as ex:
+        # the last number is wrong, but the boxed answer is right: math-verify finds it
+        ex.submit(RewardJob("boxed", p.task, p.entry, f"So $\\boxed{{{p.answer}}}$, checked in 2 steps.", 30.0))
+        out = collect(ex, 1)
+    assert out["boxed"].reward == 1.0
+
+
+@pytest.mark.timeout(120)
+def test_hang_raise_nan_are_failures_and_pool_keeps_working():
+    with ProcessRewardExecutor(num_workers=2, scorer=scorer_by_response) as ex:
+        # wait for the workers to be up so the deadline measures the scorer, not process start
+        ex.submit(RewardJob("warm", "t", None, "1", 30.0))
+        collect(ex, 1)
+        ex.step_report()
+        start = time.monotonic()
+        ex.submit(RewardJob("hang", "t", None, "hang", 1.0))
+        ex.submit(RewardJob("raise", "t", None, "raise", 5.0))
+        ex.submit(RewardJob("nan", "t", None, "nan", 5.0))
+        for i in range(4):
+            ex.submit(RewardJob(f"ok{i}", "t", None, str(i / 4), 5.0))
+        out = collect(ex, 7, timeout=30)
+        hang_done = time.monotonic() - start
+        assert out["hang"].status == "timeout" and out["hang"].reward == 0.0
+        assert out["raise"].status == "error" and "scorer exploded" in out["raise"].error
+        assert out["raise"].reward == 0.0
+        assert out["nan"].status == "nan" and out["nan"].reward == 0.0
+        for i in range(4):
+            assert out[f"ok{i}"].status == "ok" and out[f"ok{i}"].reward == i / 4
+        assert hang_done < 10, "a hung scorer must not hold the pool past its deadline"
+        # the killed worker was replaced: two more hangs and a normal job still all resolve
+        ex.submit(RewardJob("hang2", "t", None, "hang", 0.5))
+        ex.submit(RewardJob("hang3", "t", None, "hang", 0.5))
+        ex.submit(RewardJob("after", "t", None, "0.5", 30.0))
+        out2 = collect(ex, 3, timeout=60)
+        assert out2["after"].reward == 0.5
+        assert out2["hang2"].status == out2["hang3"].status == "timeout"
+        report = ex.step_report()
+        assert report.num_timed_out == 3 and report.num_errors == 1 and report.num_nan == 1
+        assert report.num_scored == 5 and report.num_failed == 5
+        assert report.num_workers_replaced == 3
+        assert report.queue_s_max >= 0.0
+
+
+@pytest.mark.timeout(60)
+def test_bad_jobs_rejected():
+    with ProcessRewardExecutor(num_workers=1, scorer=scorer_by_response) as ex:
+        with pytest.raises(ConfigError, match="deadline_s"):
+            ex.submit(RewardJob("a", "t", None, "1", 0.0))
+        ex.submit(RewardJob("dup", "t", None, "hang", 1.0))
+        with pytest.raises(SchedulerMisuse, match="dup"):
+            ex.submit(RewardJob("dup", "t", None, "1", 1.0))
+    with ProcessRewardExecutor(num_workers=1) as ex:
+        with pytest.raises(UnknownTask, match="chain_sum"):
+            ex.submit(RewardJob("x", "no_such_task", {}, "1"))
