@@ -1,0 +1,224 @@
+"""Generated tokens/s of the embedded engine vs transformers' static `generate` and its continuous
+batching, on the same model and the same mixed-length requests.
+
+    .venv/bin/python benchmarks/engine_throughput.py            # full run (a few minutes on 2 cores)
+    .venv/bin/python benchmarks/engine_throughput.py --quick    # under 60 s
+    .venv/bin/python benchmarks/engine_throughput.py --write-results   # also update RESULTS.md
+
+Workload: response lengths drawn from ../shared/traces/servegen-deepseek-r1 (production DeepSeek-R1
+output lengths, Apache-2.0, from alibaba/ServeGen), pooled over every client and window with equal
+weight per window, scaled so that 8192 trace tokens (an 8k-context RL setting) map to the token cap,
+clipped to [1, cap] (about 3% of the trace lies above 8k).  Every
+engine is forced to produce exactly those lengths (EOS ignored; static `generate` runs each batch
+to its longest request, which is its real cost).  Prompts are seeded random token ids, 32-128
+long.  Sampling at temperature 1, no top-k/top-p.  "tokens" = the requested lengths only, so
+work that static batching spends on finished rows earns nothing.
+
+Prints one JSON line: tokens/s of each engine and the ratios embedded/static, embedded/hf_cb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import glob
+import json
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rollpacker.backends.embedded import EmbeddedEngine  # noqa: E402
+from rollpacker.backends.models import load_model  # noqa: E402
+from rollpacker.core.protocols import GenerationRequest, GenerationResult  # noqa: E402
+
+TRACE_SCALE_TOKENS = 8192
+TRACE_DIR = ROOT.parent / "shared" / "traces" / "servegen-deepseek-r1"
+
+
+def trace_lengths(n: int, cap: int, seed: int, trace_dir: Path = TRACE_DIR) -> list[int]:
+    """`n` output lengths from the pooled trace, scaled so 8192 maps to `cap`, clipped to [1, cap]."""
+    values, weights = [], []
+    files = sorted(glob.glob(str(trace_dir / "chunk-*-dataset.json")))
+    if not files:
+        raise FileNotFoundError(f"no chunk-*-dataset.json in {trace_dir}")
+    for path in files:
+        with open(path) as f:
+            for window in json.load(f).values():
+                dist = ast.literal_eval(window["output_tokens"])
+                total = sum(dist.values())
+                for v, p in dist.items():
+                    values.append(float(v))
+                    weights.append(p / total)
+    values, weights = np.asarray(values), np.asarray(weights)
+    weights /= weights.sum()
+    rng = np.random.default_rng(seed)
+    drawn = rng.choice(values, size=n, p=weights)
+    return [int(x) for x in np.clip(np.round(drawn * cap / TRACE_SCALE_TOKENS), 1, cap)]
+
+
+def make_workload(n: int, cap: int, seed: int, vocab: int) -> tuple[list[list[int]], list[int]]:
+    rng = np.random.default_rng(seed + 1)
+    prompts = [rng.integers(100, vocab, size=int(rng.integers(32, 129))).tolist() for _ in range(n)]
+    return prompts, trace_lengths(n, cap, seed)
+
+
+def run_static(model, prompts, lengths, batch_size: int, pad_id: int) -> float:
+    """Static padded `generate`, batches in submission order, each run to its longest request."""
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        ps, ls = prompts[i : i + batch_size], lengths[i : i + batch_size]
+        width = max(len(p) for p in ps)
+        ids = torch.full((len(ps), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, p in enumerate(ps):
+            ids[j, width - len(p) :] = torch.tensor(p)
+            mask[j, width - len(p) :] = 1
+        n = max(ls)
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                max_new_tokens=n, min_new_tokens=n, pad_token_id=pad_id,
+            )
+        assert out.shape[1] == width + n
+    return time.perf_counter() - start
+
+
+def run_hf_cb(model, prompts, lengths, batch_size: int) -> float:
+    """transformers' continuous batching manager, one request per prompt with its own length."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max(lengths))
+    longest = max(len(p) for p in prompts) + max(lengths)
+    cb = ContinuousBatchingConfig(
+        num_blocks=max(16, (batch_size * longest) // 256 + 8),
+        max_batch_tokens=max(256, batch_size * 2),
+        max_requests_per_batch=batch_size,
+    )
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    start = time.perf_counter()
+    manager.start()
+    try:
+        for i, (p, n) in enumerate(zip(prompts, lengths)):
+            manager.add_request(p, request_id=f"cb{i}", max_new_tokens=n, eos_token_id=-1)
+        done = 0
+        while done < len(prompts):
+            result = manager.get_result(timeout=1.0)
+            if result is not None and result.is_finished():
+                assert len(result.generated_tokens) == lengths[int(result.request_id[2:])], result.request_id
+                done += 1
+    finally:
+        manager.stop(block=True, timeout=30, hard_stop=True)
+    return time.perf_counter() - start
+
+
+def run_embedded(model, prompts, lengths, capacity: int, **engine_kwargs) -> float:
+    engine = EmbeddedEngine(model, capacity=capacity, stop_token_ids=(), progress_every=1 << 30, **engine_kwargs)
+    try:
+        start = time.perf_counter()
+        engine.submit([
+            GenerationRequest(f"e{i}", tuple(p), n, temperature=1.0, seed=i)
+            for i, (p, n) in enumerate(zip(prompts, lengths))
+        ])
+        done = 0
+        while done < len(prompts):
+            for event in engine.poll(1.0):
+                if isinstance(event, GenerationResult):
+                    assert len(event.token_ids) == lengths[int(event.request_id[1:])], event.request_id
+                    done += 1
+        return time.perf_counter() - start
+    finally:
+        engine.close()
+
+
+def percentiles(xs: list[int]) -> dict:
+    a = np.asarray(xs)
+    return {"p50": int(np.percentile(a, 50)), "p90": int(np.percentile(a, 90)), "max": int(a.max()),
+            "mean": round(float(a.mean()), 1)}
+
+
+def update_results(line: dict, path: Path = ROOT / "benchmarks" / "RESULTS.md") -> None:
+    """Replace (or append) only the `## Embedded engine` section of the shared RESULTS.md."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    r = line
+    section = (
+        "## Embedded engine\n\n"
+        f"`{r['command']}` on {r['machine']}, torch {r['torch']}, {r['model']} {r['dtype']}, "
+        f"{r['num_requests']} requests, cap {r['cap']} new tokens, batch {r['batch']}; lengths from "
+        f"servegen-deepseek-r1 (8192 scaled to the cap): {r['lengths']}.\n\n"
+        "| engine | tokens/s | vs static generate |\n|---|---|---|\n"
+        f"| static `generate` (padded batches) | {r['static_tok_s']} | 1.00x |\n"
+        f"| transformers continuous batching | {r['hf_cb_tok_s']} | {r['hf_cb_vs_static']}x |\n"
+        f"| rollpacker embedded engine | {r['embedded_tok_s']} | {r['embedded_vs_static']}x |\n\n"
+        f"Embedded vs transformers CB: {r['embedded_vs_hf_cb']}x.  Tokens counted are the requested "
+        "lengths only (EOS ignored, every engine does the same work).\n"
+    )
+    pattern = re.compile(r"^## Embedded engine\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(section + "\n", text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small workload, under 60 s")
+    parser.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--requests", type=int, default=None)
+    parser.add_argument("--cap", type=int, default=None, help="max new tokens (8192 trace tokens map here)")
+    parser.add_argument("--batch", type=int, default=None, help="static batch size = engines' capacity")
+    parser.add_argument("--skip-hf-cb", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write-results", action="store_true", help="update benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    n = args.requests or (32 if args.quick else 96)
+    cap = args.cap or (96 if args.quick else 384)
+    batch = args.batch or 16 if args.quick else args.batch or 32
+
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    prompts, lengths = make_workload(n, cap, args.seed, len(tokenizer))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    total = sum(lengths)
+
+    # warm up every path once on a tiny batch so first-call costs are not timed
+    run_embedded(model, prompts[:2], [2, 2], batch)
+    run_static(model, prompts[:2], [2, 2], batch, pad)
+    t_emb = run_embedded(model, prompts, lengths, batch)
+    t_static = run_static(model, prompts, lengths, batch, pad)
+    t_cb = None if args.skip_hf_cb else run_hf_cb(model, prompts, lengths, batch)
+
+    line = {
+        "bench": "engine_throughput",
+        "command": "python benchmarks/engine_throughput.py" + (" --quick" if args.quick else ""),
+        "machine": f"{platform.machine()} {os.cpu_count()} CPU cores",
+        "torch": torch.__version__,
+        "model": args.model or "SmolLM2-135M-Instruct",
+        "dtype": args.dtype,
+        "num_requests": n, "cap": cap, "batch": batch, "tokens": total,
+        "lengths": percentiles(lengths),
+        "static_tok_s": round(total / t_static, 1),
+        "hf_cb_tok_s": None if t_cb is None else round(total / t_cb, 1),
+        "embedded_tok_s": round(total / t_emb, 1),
+        "embedded_vs_static": round(t_static / t_emb, 2),
+        "hf_cb_vs_static": None if t_cb is None else round(t_static / t_cb, 2),
+        "embedded_vs_hf_cb": None if t_cb is None else round(t_cb / t_emb, 2),
+    }
+    print(json.dumps(line), flush=True)
+    if args.write_results:
+        update_results(line)
+
+
+if __name__ == "__main__":
+    main()

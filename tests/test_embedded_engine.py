@@ -1,0 +1,229 @@
+"""The embedded engine with real models: greedy output equals transformers' `generate`, abort
+returns exactly the streamed prefix, requests join mid-flight, weight updates change outputs, and
+bad input fails before any generation."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from rollpacker.backends.embedded import EmbeddedEngine, UnknownRequest
+from rollpacker.backends.models import ModelError, load_model, resolve_model, tiny_random_llama
+from rollpacker.core.errors import ConfigError, SchedulerMisuse
+from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
+
+Req = GenerationRequest
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_model(tiny_random_llama())
+    return model, tokenizer
+
+
+def run_all(engine, requests, timeout=120.0):
+    """Submit and poll until every request has its result; returns (results by id, events)."""
+    engine.submit(requests)
+    results, events, end = {}, [], time.monotonic() + timeout
+    while len(results) < len(requests):
+        assert time.monotonic() < end, "engine did not finish in time"
+        for e in engine.poll(0.5):
+            events.append(e)
+            if isinstance(e, GenerationResult):
+                assert e.request_id not in results, "exactly one result per request"
+                results[e.request_id] = e
+    return results, events
+
+
+def prompt_ids(tokenizer, text):
+    return tuple(tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+@pytest.mark.timeout(240)
+def test_greedy_equals_transformers_generate_on_default_model():
+    model, tokenizer = load_model(None)
+    texts = ["What is 2+3?", "Name three colors of the rainbow, please.", "Write a haiku about the sea at night."]
+    prompts = [prompt_ids(tokenizer, t) for t in texts]
+    expected = []
+    for p in prompts:
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True)
+        ids = out.sequences[0, len(p):].tolist()
+        lps = [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(out.logits, ids)]
+        expected.append((ids, lps))
+    # capacity 2: the third prompt joins the batch only when a row frees up
+    with EmbeddedEngine(model, capacity=2) as engine:
+        assert isinstance(engine, RolloutEngine)
+        results, _ = run_all(engine, [Req(f"g{i}", p, 24, temperature=0.0) for i, p in enumerate(prompts)])
+    for i, (ids, lps) in enumerate(expected):
+        r = results[f"g{i}"]
+        assert list(r.token_ids) == ids, f"prompt {i}: {tokenizer.decode(r.token_ids)!r} vs {tokenizer.decode(ids)!r}"
+        assert r.finish_reason == ("stop" if ids[-1] == tokenizer.eos_token_id else "length")
+        assert r.logprobs == pytest.approx(lps, abs=1e-3)
+
+
+@pytest.mark.timeout(120)
+def test_abort_returns_exactly_the_streamed_prefix(tiny):
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, "Tell me a long story.")
+    with EmbeddedEngine(model, capacity=4, progress_every=1, stop_token_ids=()) as engine:
+        engine.submit([Req("a", prompt, 400, temperature=1.0, seed=7)])
+        seen = 0
+        while seen < 5:
+            for e in engine.poll(5.0):
+                assert isinstance(e, GenerationProgress)
+                seen = max(seen, e.num_tokens)
+        engine.abort(["a"])
+        aborted = None
+        while aborted is None:
+            for e in engine.poll(5.0):
+                if isinstance(e, GenerationResult):
+                    aborted = e
+                else:
+                    seen = max(seen, e.num_tokens)
+        assert aborted.finish_reason == "abort"
+        assert seen <= len(aborted.token_ids) < 400
+        assert len(aborted.logprobs) == len(aborted.token_ids)
+        engine.abort(["a"])  # already finished: a harmless race, no second result
+        assert engine.poll(0.2) == []
+        # the same seeded request, run to the end, starts with exactly the aborted tokens
+        full, _ = run_all(engine, [Req("b", prompt, len(aborted.token_ids) + 10, temperature=1.0, seed=7)])
+    b = full["b"]
+    assert b.token_ids[: len(aborted.token_ids)] == aborted.token_ids
+    assert b.logprobs[: len(aborted.logprobs)] == pytest.approx(aborted.logprobs, abs=1e-5)
+    assert b.finish_reason == "length" and len(b.token_ids) == len(aborted.token_ids) + 10
+
+
+@pytest.mark.timeout(120)
+def test_requests_join_mid_flight_and_waiting_ones_abort(tiny):
+    model, tokenizer = tiny
+    p = prompt_ids(tokenizer, "Count to one hundred.")
+    with EmbeddedEngine(model, capacity=3, progress_every=4, stop_token_ids=()) as engine:
+        engine.submit([Req("long1", p, 150, seed=1), Req("long2", p[:-3], 150, seed=2)])
+        progressed = set()
+        while progressed != {"long1", "long2"}:
+            progressed |= {e.request_id for e in engine.poll(5.0) if isinstance(e, GenerationProgress)}
+        # one free slot: "short" joins the running batch; "queued" waits for a slot, then is aborted
+        engine.submit([Req("short", p, 5, seed=3), Req("queued", p, 5, seed=4), Req("late", p, 3, seed=5)])
+        engine.abort(["queued"])
+        order, results = [], {}
+        while len(results) < 5:
+            for e in engine.poll(5.0):
+                if isinstance(e, GenerationResult):
+                    order.append(e.request_id)
+                    results[e.request_id] = e
+    assert results["queued"].finish_reason == "abort" and results["queued"].token_ids == ()
+    assert len(results["short"].token_ids) == 5 and results["short"].finish_reason == "length"
+    # both short requests finished while the long ones were still running
+    assert order.index("short") < order.index("long1") and order.index("late") < order.index("long2")
+    assert all(len(results[r].token_ids) == 150 for r in ("long1", "long2"))
+
+
+@pytest.mark.timeout(120)
+def test_weight_update_changes_outputs_and_version(tiny, tmp_path):
+    model, tokenizer = tiny
+    p = prompt_ids(tokenizer, "Hello!")
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with EmbeddedEngine(model, capacity=2, stop_token_ids=()) as engine:
+            before, _ = run_all(engine, [Req("x0", p, 12, temperature=0.0)])
+            gen = torch.Generator().manual_seed(0)
+            noisy = {k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in original.items()
+                     if k.endswith("mlp.down_proj.weight") or k.endswith("o_proj.weight")}
+            engine.pause()
+            engine.update_weights(noisy, version=1)
+            engine.resume()
+            after, _ = run_all(engine, [Req("x1", p, 12, temperature=0.0)])
+            assert engine.weight_version == 1
+            # back to the original weights from a safetensors directory
+            from safetensors.torch import save_file
+            save_file({k: v.contiguous() for k, v in original.items() if k != "lm_head.weight"},
+                      str(tmp_path / "model.safetensors"))
+            engine.update_weights(tmp_path, version=2)
+            restored, _ = run_all(engine, [Req("x2", p, 12, temperature=0.0)])
+            with pytest.raises(ConfigError, match="not in the model"):
+                engine.update_weights({"no.such.weight": torch.zeros(1)}, version=3)
+            with pytest.raises(ConfigError, match="shape"):
+                engine.update_weights({"model.norm.weight": torch.zeros(3)}, version=3)
+            assert engine.weight_version == 2
+    finally:
+        model.load_state_dict(original)
+    assert before["x0"].weight_version == 0 and after["x1"].weight_version == 1
+    assert after["x1"].token_ids != before["x0"].token_ids
+    assert restored["x2"].token_ids == before["x0"].token_ids and restored["x2"].weight_version == 2
+
+
+@pytest.mark.timeout(120)
+def test_resume_ids_pause_and_close(tiny):
+    model, tokenizer = tiny
+    p = prompt_ids(tokenizer, "Go on.")
+    engine = EmbeddedEngine(model, capacity=2, stop_token_ids=())
+    try:
+        whole, _ = run_all(engine, [Req("w", p, 10, temperature=0.0)])
+        w = whole["w"].token_ids
+        # continuing after 4 resumed tokens gives the remaining 6, and only those
+        rest, _ = run_all(engine, [Req("r", p, 6, temperature=0.0, resume_ids=w[:4])])
+        assert rest["r"].token_ids == w[4:]
+        engine.pause()
+        engine.submit([Req("p", p, 50)])
+        t = time.monotonic()
+        assert engine.poll(0.3) == []  # paused: nothing runs, and poll honours its timeout
+        assert time.monotonic() - t < 2.0
+        engine.resume()
+        engine.submit([Req("c", p, 10_000)])
+        while not any(isinstance(e, GenerationResult) and e.request_id == "p" for e in engine.poll(5.0)):
+            pass
+    finally:
+        engine.close()
+    # close ends whatever still runs as aborted, with the tokens it had
+    left = engine.poll(1.0)
+    assert [(e.request_id, e.finish_reason) for e in left if isinstance(e, GenerationResult)] == [("c", "abort")]
+    assert engine.poll(None) == []  # nothing in flight: returns at once
+    with pytest.raises(SchedulerMisuse, match="closed"):
+        engine.submit([Req("z", p, 1)])
+
+
+@pytest.mark.timeout(120)
+def test_sampling_top_p_and_logprobs(tiny):
+    model, tokenizer = tiny
+    p = prompt_ids(tokenizer, "Pick a word.")
+    with EmbeddedEngine(model, capacity=4, stop_token_ids=()) as engine:
+        res, _ = run_all(engine, [Req("s1", p, 20, temperature=1.0, top_p=0.9, seed=11),
+                                  Req("s2", p, 20, temperature=1.0, top_p=0.9, seed=11),
+                                  Req("s3", p, 20, temperature=0.7, top_p=1e-6, seed=12),
+                                  Req("g", p, 20, temperature=0.0)])
+    assert res["s1"].token_ids == res["s2"].token_ids  # same seed, same tokens
+    assert res["s3"].token_ids == res["g"].token_ids  # a tiny nucleus is greedy
+    for r in res.values():
+        assert len(r.logprobs) == len(r.token_ids) == 20 and all(lp <= 1e-6 for lp in r.logprobs)
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_fails_before_generation(tiny, tmp_path):
+    model, tokenizer = tiny
+    with EmbeddedEngine(model, capacity=2) as engine:
+        too_long = (5,) * model.config.max_position_embeddings
+        with pytest.raises(ConfigError, match="context"):
+            engine.submit([Req("ok", (5, 6), 4), Req("long", too_long, 4)])
+        with pytest.raises(ConfigError, match="vocabulary"):
+            engine.submit([Req("v", (5, 10**9), 4)])
+        with pytest.raises(SchedulerMisuse, match="duplicate"):
+            engine.submit([Req("d", (5, 6), 4), Req("d", (5, 6), 4)])
+        with pytest.raises(UnknownRequest, match="nope"):
+            engine.abort(["nope"])
+        assert engine.poll(0.2) == []  # nothing of the rejected batches ran
+    with pytest.raises(ValueError):
+        Req("m", (5,), 0)  # max_new_tokens < 1
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model(tmp_path / "missing")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(ModelError, match="not a causal LM"):
+        EmbeddedEngine(tmp_path / "bert")
+    with pytest.raises(ConfigError, match="capacity"):
+        EmbeddedEngine(model, capacity=0)
