@@ -89,7 +89,7 @@ def test_split_for_ranks_covers_every_sample_once_and_balances_tokens() -> None:
 
 
 def test_pack_aligns_targets_with_response_tokens() -> None:
-    packed = pack([ok_sample(), ok_sample(prompt_ids=(7,), response_ids=(8,), token_weight=2.0)], pad_multiple=4, device="cpu", dtype=None)
+    packed = pack([ok_sample(), ok_sample(prompt_ids=(7,), response_ids=(8,), token_weight=2.0)], pad_multiple=4, device="cpu")
     assert packed.input_ids.shape == (2, 4)
     assert packed.input_ids[0].tolist() == [1, 2, 3, 4]
     assert packed.targets[0].tolist() == [0, 3, 4, 5] and packed.mask[0].tolist() == [False, True, True, True]

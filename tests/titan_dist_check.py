@@ -50,7 +50,7 @@ def make_samples(vocab: int, ref_model) -> list[TrainSample]:
 
 
 def _hf_logprobs(model, samples):
-    packed = pack(samples, pad_multiple=1, device="cpu", dtype=None)
+    packed = pack(samples, pad_multiple=1, device="cpu")
     with torch.no_grad():
         logp, _ = token_logprobs_and_entropy(model(packed.input_ids).logits, packed.targets)
     return [logp[i][packed.mask[i]].tolist() for i in range(len(samples))]
@@ -59,7 +59,7 @@ def _hf_logprobs(model, samples):
 def hf_reference(model, samples, clip_eps: float) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of the same GRPO objective computed on the transformers model."""
     model.zero_grad(set_to_none=True)
-    packed = pack(samples, pad_multiple=1, device="cpu", dtype=None)
+    packed = pack(samples, pad_multiple=1, device="cpu")
     logp, _ = token_logprobs_and_entropy(model(packed.input_ids).logits, packed.targets)
     old = torch.where(packed.has_old, packed.old_logprobs, logp.detach())
     token_loss, _ = grpo_token_loss(logp, old, packed.advantages, clip_low=clip_eps, clip_high=clip_eps)

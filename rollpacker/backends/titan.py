@@ -80,13 +80,13 @@ class TitanTrainer:
             self.device = torch.device("cpu")
         torch.manual_seed(config.seed)
 
-        spmd_backend = titan_cpu.CPU_SPMD_BACKEND if on_cpu else ParallelismConfig.spmd_backend
         self.parallelism = ParallelismConfig(
             data_parallel_shard_degree=config.dp_shard,
             tensor_parallel_degree=config.tp,
             enable_sequence_parallel=config.sequence_parallel,
-            spmd_backend=spmd_backend,
+            **({"spmd_backend": titan_cpu.CPU_SPMD_BACKEND} if on_cpu else {}),
         )
+        spmd_backend = self.parallelism.spmd_backend
         world = dist.get_world_size()
         try:
             self.parallel_dims = ParallelDims.from_config(self.parallelism, world)
@@ -177,7 +177,7 @@ class TitanTrainer:
         # A rank left without samples still runs the collectives with a zero-weighted stand-in.
         is_empty = not share
         samples = [batch.samples[i] for i in share] or [batch.samples[0]]
-        packed = pack(samples, pad_multiple=self.pad_multiple, device=self.device, dtype=None)
+        packed = pack(samples, pad_multiple=self.pad_multiple, device=self.device)
 
         logp, entropy = self._logprobs(self.model, packed.input_ids, packed.targets)
         old = torch.where(packed.has_old, packed.old_logprobs, logp.detach())

@@ -99,7 +99,7 @@ class PackedBatch:
     """[B, 1] bool: the row's old log-probs were given (else the current policy is the old one)."""
 
 
-def pack(samples: Sequence[TrainSample], *, pad_multiple: int, device: Any, dtype: Any) -> PackedBatch:
+def pack(samples: Sequence[TrainSample], *, pad_multiple: int, device: Any) -> PackedBatch:
     import torch
 
     lengths = [len(s.prompt_ids) + len(s.response_ids) - 1 for s in samples]
