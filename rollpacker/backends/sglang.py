@@ -145,6 +145,7 @@ class SGLangEngine:
         self._seen_ids: set[str] = set()
         self._fatal: list[SGLangError] = []  # guarded by _lock: raised by the next poll
         self._out: queue.Queue = queue.Queue()
+        self._held: list = []  # events taken from _out by a poll that raised instead (caller thread)
         self._is_paused = False
         self._is_closed = False
         self._inflight: dict[str, _Inflight] = {}  # loop thread only
@@ -207,6 +208,9 @@ class SGLangEngine:
         arrives, or at once when nothing is in flight).  Raises a pending server error first."""
         self._raise_fatal()
         events: list = []
+        if self._held:
+            events, self._held = self._held, []
+            timeout = 0.0
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
             with self._lock:
@@ -218,7 +222,9 @@ class SGLangEngine:
                 events.append(self._out.get(timeout=wait))
                 break
             except queue.Empty:
-                self._raise_fatal()
+                with self._lock:
+                    if self._fatal:
+                        break
                 if (deadline is not None and time.monotonic() >= deadline) or (deadline is None and idle):
                     break
         while True:
@@ -226,6 +232,12 @@ class SGLangEngine:
                 events.append(self._out.get_nowait())
             except queue.Empty:
                 break
+        with self._lock:
+            has_fatal = bool(self._fatal)
+        if has_fatal:  # raise first; these events come with the next poll
+            self._held = events + self._held
+            self._raise_fatal()
+        events, self._held = self._held + events, []
         return events
 
     def abort(self, request_ids: Sequence[str]) -> None:
@@ -419,8 +431,8 @@ class SGLangEngine:
             await self._check_server(server, ServerUnavailable(
                 f"server {server.url}: /generate rid={rid} broke ({type(exc).__name__}: {exc})"))
         except SGLangError as exc:  # rejected or malformed: relaunching would fail the same way
-            self._finish(inf, "abort")
             self._add_fatal(exc)
+            self._finish(inf, "abort")
 
     async def _read_stream(self, inf: _Inflight, resp: aiohttp.ClientResponse) -> None:
         server = inf.server

@@ -1,0 +1,154 @@
+"""Bad input to the SGLang client: unreachable URL, an error answer, a model the server lacks, a
+malformed answer.  Each gives an error naming the server, within bounded retries, never a hang.
+The malformed and silent servers are small aiohttp apps in this process (loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from aiohttp import web
+from sglang_helpers import SERVE_ARGS, collect, request, tiny_model
+
+from rollpacker.backends.sglang import SGLangEngine
+from rollpacker.backends.sglang_codec import BackendProtocolError, ServerRejected, ServerUnavailable
+from rollpacker.backends.sglang_http import HttpConfig
+from rollpacker.backends.sglang_launch import free_port, launch_servers
+
+FAST = HttpConfig(connect_timeout_s=1.0, control_timeout_s=2.0, retries=2, backoff_s=0.05)
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = tiny_model()
+    with launch_servers(model, num_servers=1, kind="rollpacker", extra_args=SERVE_ARGS, timeout_s=90) as group:
+        yield group.urls[0], model
+
+
+class _App:
+    """A loopback aiohttp app in a thread, for answers no real server gives."""
+
+    def __init__(self, routes) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.add_routes(routes)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+async def _ok(request):
+    return web.Response(status=200)
+
+
+async def _info(request):
+    return web.json_response({"model_path": "m"})
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_url_fails_fast_naming_it():
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(ServerUnavailable, match=url):
+        SGLangEngine([url], http=FAST, start_timeout_s=10)
+    assert time.monotonic() - started < 5  # two attempts, no endless retrying
+
+
+@pytest.mark.timeout(60)
+def test_model_the_server_does_not_have(server):
+    url, model = server
+    with pytest.raises(ServerRejected, match=f"{url}.*not the expected 'other/model'"):
+        SGLangEngine([url], expected_model="other/model", http=FAST)
+    with SGLangEngine([url], expected_model=model, http=FAST) as eng:
+        with pytest.raises(ServerRejected, match=f"{url}.*update_weights_from_disk"):
+            eng.update_weights("/nonexistent/weights", version=1)
+        eng.submit([request(1, max_new=3)])  # still serving, and unpaused after the failure
+        results, _ = collect(eng, 1)
+        assert results["rp000000000001"].finish_reason == "length"
+
+
+@pytest.mark.timeout(60)
+def test_server_answering_with_an_error(server):
+    url, model = server
+    with SGLangEngine([url], http=FAST) as eng:
+        eng.submit([request(2, prompt=(1, 10**9))])  # a token id outside the vocabulary
+        with pytest.raises(ServerRejected, match=f"server {url}: /generate rid=rp000000000002 answered HTTP 400"):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                eng.poll(0.2)
+        results, _ = collect(eng, 1)  # the request still gets its one result
+        assert results["rp000000000002"].finish_reason == "abort"
+
+
+@pytest.mark.timeout(30)
+def test_malformed_answers_name_the_server():
+    async def bad_generate(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b'data: {"output_ids": [1], "meta_info": {"completion_tokens": "many"}}\n\n')
+        return resp
+
+    async def not_json(request):
+        return web.Response(text="<html>nginx</html>")
+
+    app = _App([web.get("/health", _ok), web.get("/get_model_info", _info), web.post("/generate", bad_generate)])
+    broken_info = _App([web.get("/health", _ok), web.get("/get_model_info", not_json)])
+    try:
+        with pytest.raises(BackendProtocolError, match=f"server {broken_info.url}: /get_model_info answered non-JSON"):
+            SGLangEngine([broken_info.url], http=FAST)
+        with SGLangEngine([app.url], http=FAST, capacity_per_server=4) as eng:
+            assert eng.capacity == 4
+            eng.submit([request(3)])
+            with pytest.raises(BackendProtocolError, match=f"server {app.url}: .*completion_tokens"):
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    eng.poll(0.2)
+    finally:
+        app.close()
+        broken_info.close()
+
+
+@pytest.mark.timeout(30)
+def test_silent_server_never_hangs_poll_or_close():
+    async def silent_generate(request):
+        await asyncio.sleep(3600)
+
+    app = _App([web.get("/health", _ok), web.get("/get_model_info", _info), web.post("/generate", silent_generate)])
+    try:
+        eng = SGLangEngine([app.url], http=FAST, stall_timeout_s=0.5)
+        eng.submit([request(4)])
+        for _ in range(3):
+            started = time.monotonic()
+            assert eng.poll(0.3) == []
+            assert time.monotonic() - started < 0.8
+        started = time.monotonic()
+        eng.close()
+        assert time.monotonic() - started < 15
+    finally:
+        app.close()
+
+
+@pytest.mark.timeout(30)
+def test_all_servers_dead_raises_naming_them(server):
+    group_url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServerUnavailable, match=group_url):
+        SGLangEngine([server[0], group_url], http=FAST)  # one bad URL fails the whole attach
