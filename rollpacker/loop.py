@@ -1,0 +1,309 @@
+"""StepLoop: the driver that runs the core against real backends, one training step at a time.
+
+It owns no scheduling logic: it turns engine outputs and reward outcomes into core events, feeds
+them to the `Scheduler`, and executes the commands it gets back against the rollout engine, the
+reward executor and the trainer (all through the Protocols of `rollpacker.core.protocols`).
+
+Stream training: a `TrainMicroBatch` runs as soon as the batcher emits it, while the round's
+other requests keep generating (the engine decodes in its own thread or server), so training of
+finished groups hides under the tail; `hidden_train_s` reports how much.  After the single
+`OptimizerStep` the new weights go to the engine: pause, update, resume.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from attrs import define, field, frozen
+
+from .core import (
+    AbortRequest,
+    Command,
+    GroupCompleted,
+    LaunchRequest,
+    OptimizerStep,
+    RequestAborted,
+    RequestFinished,
+    RewardScored,
+    RoundEnded,
+    Scheduler,
+    ScoreSample,
+    TrainMicroBatch,
+    step_record,
+)
+from .core.errors import RollpackerError
+from .core.metrics import Occupancy
+from .core.protocols import (
+    GenerationRequest,
+    GenerationResult,
+    MicroBatch,
+    RewardExecutor,
+    RewardJob,
+    RolloutEngine,
+    Trainer,
+    TrainSample,
+)
+from .core.records import Sample
+
+
+class StepTimeout(RollpackerError):
+    """A step ran past its wall-clock limit (a stuck engine or scorer); names what was pending."""
+
+
+class PromptSource(Protocol):
+    """The dataset as the loop sees it: token ids to generate from, and a reward job per response."""
+
+    def __len__(self) -> int: ...
+
+    def prompt_ids(self, index: int) -> tuple[int, ...]: ...
+
+    def reward_job(self, request_id: str, index: int, response_ids: Sequence[int]) -> RewardJob: ...
+
+
+@frozen(kw_only=True)
+class LoopConfig:
+    temperature: float = 1.0
+    """Sampling temperature of rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold of rollouts."""
+    seed: int = 0
+    """Base seed; each request's seed is derived from it and the request number."""
+    use_engine_logprobs: bool = True
+    """Use the rollout engine's log-probs as the old policy's (else the trainer recomputes them)."""
+    poll_s: float = 0.02
+    """How long one poll of the engine may wait when nothing else is due."""
+    step_timeout_s: float | None = None
+    """Fail a step that runs longer than this (None: no limit)."""
+
+
+@define
+class Interval:
+    """One request on the timeline of a step (seconds from the step's start)."""
+
+    request_id: str
+    start: float
+    end: float | None = None
+    outcome: str = "running"
+    """"kept", "aborted", or "wasted" (finished but not kept)."""
+
+
+@define
+class _StepLog:
+    start: float
+    occupancy: Occupancy = field(factory=Occupancy)
+    intervals: dict[str, Interval] = field(factory=dict)
+    kept: set[str] = field(factory=set)
+    rewards: dict[str, float] = field(factory=dict)
+    failed_rewards: int = 0
+    trained_rewards: list[float] = field(factory=list)
+    groups: list[tuple[str, ...]] = field(factory=list)
+    carried: frozenset[str] = frozenset()
+    round_end: float | None = None
+    report: Any = None
+    train_s: float = 0.0
+    hidden_train_s: float = 0.0
+    optimizer_s: float = 0.0
+    sync_s: float = 0.0
+    train_stats: list = field(factory=list)
+    step_stats: Any = None
+
+
+class StepLoop:
+    def __init__(self, scheduler: Scheduler, engine: RolloutEngine, rewards: RewardExecutor, trainer: Trainer,
+                 prompts: PromptSource, config: LoopConfig | None = None,
+                 on_progress: Callable[[str, dict], None] | None = None) -> None:
+        self.sched = scheduler
+        self.engine = engine
+        self.rewards = rewards
+        self.trainer = trainer
+        self.prompts = prompts
+        self.config = config or LoopConfig()
+        self.on_progress = on_progress or (lambda stage, info: None)
+        self.tokens: dict[str, GenerationResult] = {}
+        """Results by request id, kept while a sample may still be trained or resumed."""
+        self.last_timeline: list[Interval] = []
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def run_step(self) -> dict:
+        """Play one round, train it with one optimizer step, sync weights; return the metrics."""
+        log = _StepLog(start=time.perf_counter())
+        self._log = log
+        self._execute(self.sched.begin_round())
+        while not self.sched.step_done:
+            self._check_deadline(log)
+            self._pump(log)
+        self.last_timeline = list(log.intervals.values())
+        return self._record(log)
+
+    def _pump(self, log: _StepLog) -> None:
+        outcomes = self.rewards.poll(timeout=0)
+        waiting_on_engine = log.round_end is None
+        outputs = self.engine.poll(timeout=self.config.poll_s if waiting_on_engine and not outcomes else 0)
+        if not outputs and not outcomes and not waiting_on_engine:
+            outcomes = self.rewards.poll(timeout=self.config.poll_s)
+        for out in outputs:
+            if isinstance(out, GenerationResult):
+                self._execute(self.sched.handle(self._engine_event(log, out)))
+        for outcome in outcomes:
+            reward = outcome.reward if not outcome.failed else 0.0
+            log.rewards[outcome.request_id] = reward
+            log.failed_rewards += outcome.failed
+            self._execute(self.sched.handle(RewardScored(outcome.request_id, reward, outcome.failed, self._now())))
+        if outputs or outcomes:
+            self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
+
+    def _engine_event(self, log: _StepLog, result: GenerationResult):
+        self.tokens[result.request_id] = result
+        now = self._now()
+        log.occupancy = log.occupancy.change(now, -1)
+        interval = log.intervals.get(result.request_id)
+        if interval is not None:
+            interval.end = now
+            interval.outcome = "aborted" if result.finish_reason == "abort" else "wasted"
+        n = len(result.token_ids)
+        if result.finish_reason == "abort":
+            return RequestAborted(result.request_id, n, now)
+        return RequestFinished(result.request_id, n, result.finish_reason, now)
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def _execute(self, commands: list[Command]) -> None:
+        launches = [c for c in commands if isinstance(c, LaunchRequest)]
+        if launches:
+            self.engine.submit([self._generation_request(c) for c in launches])
+            now = self._now()
+            for c in launches:
+                self._log.intervals[c.request_id] = Interval(c.request_id, now)
+                self._log.occupancy = self._log.occupancy.change(now, +1)
+        aborts = [c.request_id for c in commands if isinstance(c, AbortRequest)]
+        if aborts:
+            self.engine.abort(aborts)
+        for command in commands:
+            if isinstance(command, ScoreSample):
+                self._score(command.sample)
+            elif isinstance(command, GroupCompleted):
+                self._log.groups.append(tuple(s.request_id for s in command.samples))
+            elif isinstance(command, TrainMicroBatch):
+                self._train(command)
+            elif isinstance(command, RoundEnded):
+                self._round_ended(command)
+            elif isinstance(command, OptimizerStep):
+                self._optimizer_step(command)
+
+    def _generation_request(self, c: LaunchRequest) -> GenerationRequest:
+        number = int(c.request_id[2:])
+        return GenerationRequest(
+            request_id=c.request_id,
+            prompt_ids=self.prompts.prompt_ids(c.prompt.index),
+            max_new_tokens=c.max_new_tokens,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            seed=(self.config.seed * 1_000_003 + number) % (1 << 31),
+            resume_ids=self._response_ids(c.resume),
+        )
+
+    def _response_ids(self, segments) -> tuple[int, ...]:
+        ids: list[int] = []
+        for seg in segments:
+            ids.extend(self.tokens[seg.request_id].token_ids[: seg.num_tokens])
+        return tuple(ids)
+
+    def _logprobs(self, segments) -> tuple[float, ...]:
+        out: list[float] = []
+        for seg in segments:
+            out.extend(self.tokens[seg.request_id].logprobs[: seg.num_tokens])
+        return tuple(out)
+
+    def _score(self, sample: Sample) -> None:
+        self._log.kept.add(sample.request_id)
+        interval = self._log.intervals.get(sample.request_id)
+        if interval is not None:
+            interval.outcome = "kept"
+        job = self.prompts.reward_job(sample.request_id, sample.prompt.index, self._response_ids(sample.segments))
+        self.rewards.submit(job)
+
+    def _train(self, command: TrainMicroBatch) -> None:
+        samples = []
+        for ref in command.samples:
+            s = ref.sample
+            samples.append(TrainSample(
+                prompt_ids=self.prompts.prompt_ids(s.prompt.index),
+                response_ids=self._response_ids(s.segments),
+                advantage=ref.advantage,
+                token_weight=ref.token_weight,
+                old_logprobs=self._logprobs(s.segments) if self.config.use_engine_logprobs else None,
+            ))
+            self._log.trained_rewards.append(self._log.rewards[s.request_id])
+        self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
+        t = time.perf_counter()
+        self._log.train_stats.append(self.trainer.forward_backward(MicroBatch(tuple(samples))))
+        spent = time.perf_counter() - t
+        self._log.train_s += spent
+        if self._log.round_end is None:
+            self._log.hidden_train_s += spent
+
+    def _round_ended(self, command: RoundEnded) -> None:
+        self._log.round_end = self._now()
+        self._log.report = command.report
+        self._log.carried = frozenset(command.carried_requests)
+
+    def _optimizer_step(self, command: OptimizerStep) -> None:
+        t = time.perf_counter()
+        if command.num_samples:  # every group filtered out (DAPO): nothing to step
+            self._log.step_stats = self.trainer.optimizer_step(command.loss_normalizer)
+        self._log.optimizer_s = time.perf_counter() - t
+        t = time.perf_counter()
+        self.engine.pause()
+        try:
+            self.engine.update_weights(self.trainer.export_weights(), version=command.step + 1)
+        finally:
+            self.engine.resume()
+        self._log.sync_s = time.perf_counter() - t
+        # the step is trained: only tokens that a later round resumes or trains are still needed
+        self.tokens = {rid: r for rid, r in self.tokens.items() if rid in self._log.carried}
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._log.start
+
+    def _check_deadline(self, log: _StepLog) -> None:
+        limit = self.config.step_timeout_s
+        if limit is not None and self._now() > limit:
+            running = self.sched.state.num_running
+            raise StepTimeout(
+                f"step {self.sched.state.step} ran past step_timeout_s={limit}: {running} requests still running, "
+                f"round {'ended' if log.round_end is not None else 'not ended'}"
+            )
+
+    def _progress(self, log: _StepLog) -> dict:
+        return {"running": self.sched.state.num_running, "kept": len(log.kept), "rewards": len(log.rewards)}
+
+    def _record(self, log: _StepLog) -> dict:
+        step_s = self._now()
+        rollout_s = log.round_end if log.round_end is not None else step_s
+        bubble = log.occupancy.bubble_ratio(self.engine.capacity, rollout_s)
+        rewards = log.trained_rewards
+        spreads = [max(r) - min(r) for r in ([log.rewards[i] for i in g] for g in log.groups) if r]
+        loss_sum = sum(s.loss_sum for s in log.train_stats)
+        tokens = sum(s.num_tokens for s in log.train_stats)
+        entropy = sum(s.entropy_sum for s in log.train_stats)
+        return step_record(
+            log.report,
+            rollout_s=rollout_s,
+            reward_s=max(0.0, step_s - rollout_s - log.train_s + log.hidden_train_s - log.optimizer_s - log.sync_s),
+            train_s=log.train_s + log.optimizer_s,
+            hidden_train_s=log.hidden_train_s,
+            sync_s=log.sync_s,
+            step_s=step_s,
+            bubble_ratio=bubble,
+            mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            reward_failures=log.failed_rewards,
+            nonzero_variance_groups=sum(1 for s in spreads if s > 0) / len(spreads) if spreads else 0.0,
+            loss=loss_sum / tokens if tokens else 0.0,
+            entropy=entropy / tokens if tokens else 0.0,
+            grad_norm=log.step_stats.grad_norm if log.step_stats is not None else None,
+        )
