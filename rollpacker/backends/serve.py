@@ -26,7 +26,10 @@ import time
 import uuid
 from typing import Any
 
-from aiohttp import web
+try:  # optional (the `sglang` extra): `rollpacker --help` must work without it
+    from aiohttp import web
+except ImportError:  # pragma: no cover
+    web = None
 
 from rollpacker.backends.sglang_codec import progress_chunk, result_chunk, sse
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
@@ -312,6 +315,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if web is None:
+        from rollpacker.core.errors import ConfigError
+
+        raise ConfigError("rollpacker serve needs aiohttp: pip install 'rollpacker[sglang]'")
     from rollpacker.backends.embedded import EmbeddedEngine
     from rollpacker.backends.models import resolve_model
 
