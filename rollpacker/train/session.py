@@ -1,0 +1,154 @@
+"""Session: builds the backends a `RunConfig` asks for and runs steps through `StepLoop`.
+
+Kept out of reference/train.py so the script reads top to bottom; everything here is plain wiring.
+Bad input (unknown task, missing model, unsupported architecture, a server that does not answer)
+fails here, before any generation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rollpacker.core import BatcherConfig, Scheduler
+from rollpacker.core.protocols import RewardJob
+from rollpacker.loop import LoopConfig, StepLoop
+from rollpacker.train.config import RunConfig
+from rollpacker.train.outputs import RunDir
+from rollpacker.train.ranks import LeaderTrainer, follow
+
+
+class TaskPrompts:
+    """The dataset as `StepLoop` sees it: reasoning-gym problems rendered with the chat template."""
+
+    def __init__(self, problems, tokenizer, deadline_s: float) -> None:
+        from rollpacker.backends.tasks import render_prompt
+
+        self.problems = problems
+        self.tokenizer = tokenizer
+        self.deadline_s = deadline_s
+        self._ids = [tuple(render_prompt(tokenizer, p)) for p in problems]
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def prompt_ids(self, index: int) -> tuple[int, ...]:
+        return self._ids[index]
+
+    def reward_job(self, request_id: str, index: int, response_ids: Sequence[int]) -> RewardJob:
+        problem = self.problems[index]
+        text = self.tokenizer.decode(list(response_ids), skip_special_tokens=True)
+        return RewardJob(request_id, problem.task, problem.entry, text, self.deadline_s)
+
+
+def init_distributed_env() -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment (1 process without torchrun)."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class Session:
+    """One policy's run: model, dataset, engine, rewards, trainer, scheduler and the step loop."""
+
+    def __init__(self, config: RunConfig, run_dir: RunDir, policy: str | None = None,
+                 scheduler_state: dict | None = None,
+                 on_progress: Callable[[str, dict], None] | None = None) -> None:
+        from rollpacker.backends.models import load_model, resolve_model
+        from rollpacker.backends.rewards import ProcessRewardExecutor
+        from rollpacker.backends.tasks import make_problems
+        from rollpacker.backends.titan_model import read_hf_config
+
+        self.config = config
+        self.run_dir = run_dir
+        self.model_dir = resolve_model(config.model)
+        read_hf_config(self.model_dir)  # unsupported architecture: fail before anything heavy
+        problems = make_problems(list(config.tasks) or None, size=config.dataset_size, seed=config.seed)
+        model, tokenizer = load_model(self.model_dir, dtype=config.dtype)
+        self.prompts = TaskPrompts(problems, tokenizer, config.reward_deadline_s)
+        self.policy = config.build_policy(policy)
+        self.scheduler = Scheduler(
+            self.policy, num_prompts=len(problems), seed=config.seed,
+            batcher=BatcherConfig(token_budget=config.micro_batch_tokens, advantage=config.advantage,
+                                  loss_aggregation=config.loss_aggregation,
+                                  dynamic_sampling=config.dynamic_sampling),
+            checkpoint=scheduler_state,
+        )
+        self.trainer = build_trainer(config, self.model_dir)
+        if init_distributed_env()[1] > 1:
+            self.trainer = LeaderTrainer(self.trainer)
+        self.engine = self._build_engine(model)
+        self.rewards = ProcessRewardExecutor(config.reward_workers)
+        self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
+                             LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,
+                                        step_timeout_s=config.step_timeout_s),
+                             on_progress=on_progress)
+
+    def _build_engine(self, model):
+        if self.config.rollout == "sglang":
+            from rollpacker.backends.sglang import SGLangEngine
+
+            return SGLangEngine(list(self.config.sglang_urls), model_config_dir=self.model_dir)
+        from rollpacker.backends.embedded import EmbeddedEngine
+
+        return EmbeddedEngine(model, capacity=self.config.engine_capacity, seed=self.config.seed)
+
+    @property
+    def step(self) -> int:
+        return self.scheduler.state.step
+
+    def restore_trainer(self, state_dir: Path) -> None:
+        """Load the trainer's state and give its weights to the engine (resume)."""
+        self.trainer.load(state_dir / "trainer")
+        self.sync_weights()
+
+    def sync_weights(self) -> None:
+        self.engine.pause()
+        try:
+            self.engine.update_weights(self.trainer.export_weights(), version=self.step)
+        finally:
+            self.engine.resume()
+
+    def run_step(self) -> dict:
+        record = self.loop.run_step()
+        report = self.rewards.step_report() if hasattr(self.rewards, "step_report") else None
+        if report is not None:
+            record.update({f"reward_{k}": v for k, v in _as_dict(report).items()})
+        return record
+
+    def save(self) -> None:
+        """Resumable state after a finished step, and an HF checkpoint of its weights."""
+        self.run_dir.save_state(self.config, self.scheduler.to_dict(), self.trainer)
+
+    def save_hf(self) -> Path:
+        return self.run_dir.save_hf_checkpoint(self.step, self.trainer.export_weights(), self.model_dir)
+
+    def close(self) -> None:
+        if isinstance(self.trainer, LeaderTrainer):
+            self.trainer.stop()
+        for part in (self.rewards, self.engine):
+            try:
+                part.close()
+            except Exception:  # noqa: BLE001 - closing on the way out must not mask the real error
+                pass
+
+
+def build_trainer(config: RunConfig, model_dir):
+    from rollpacker.backends.titan import TitanConfig, TitanTrainer
+
+    return TitanTrainer(TitanConfig(model_dir=str(model_dir), lr=config.lr, dtype=config.dtype,
+                                    seed=config.seed, dp_shard=config.dp_shard, tp=config.tp))
+
+
+def follower_main(config: RunConfig) -> None:
+    """Ranks > 0 under torchrun: hold a shard of the trainer and execute rank 0's calls."""
+    from rollpacker.backends.models import resolve_model
+
+    follow(build_trainer(config, resolve_model(config.model)))
+
+
+def _as_dict(report) -> dict:
+    import attrs
+
+    if attrs.has(type(report)):
+        return {k: v for k, v in attrs.asdict(report).items() if isinstance(v, (int, float))}
+    return dict(report)
