@@ -227,3 +227,22 @@ def test_bad_input_fails_before_generation(tiny, tmp_path):
         EmbeddedEngine(tmp_path / "bert")
     with pytest.raises(ConfigError, match="capacity"):
         EmbeddedEngine(model, capacity=0)
+
+
+@pytest.mark.timeout(60)
+def test_sampler_follows_the_distribution_and_top_p():
+    from rollpacker.backends.embedded_runner import sample
+
+    n, vocab = 4000, 50
+    logits = torch.full((n, vocab), -float("inf"))
+    logits[:, :3] = torch.log(torch.tensor([0.7, 0.2, 0.1]))
+    gens = [torch.Generator().manual_seed(i) for i in range(n)]
+    tokens, lps = sample(logits, [1.0] * n, [1.0] * n, gens)
+    freq = torch.bincount(torch.tensor(tokens), minlength=vocab).float() / n
+    assert freq[:3].tolist() == pytest.approx([0.7, 0.2, 0.1], abs=0.03) and freq[3:].sum() == 0
+    assert lps[tokens.index(2)] == pytest.approx(torch.log(torch.tensor(0.1)).item(), abs=1e-5)
+    # top_p 0.8 keeps {0.7, 0.2}: renormalised 7/9 and 2/9
+    gens = [torch.Generator().manual_seed(i) for i in range(n)]
+    tokens, _ = sample(logits, [1.0] * n, [0.8] * n, gens)
+    freq = torch.bincount(torch.tensor(tokens), minlength=vocab).float() / n
+    assert freq[:3].tolist() == pytest.approx([7 / 9, 2 / 9, 0.0], abs=0.03)

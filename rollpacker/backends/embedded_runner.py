@@ -209,8 +209,14 @@ def sample(
             drop = (sorted_p.cumsum(-1) - sorted_p) >= limits.view(-1, 1)
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs[cut] = torch.zeros_like(sub).scatter(-1, order, sorted_p)
+        # Inverse-CDF sampling: one uniform draw per row from the row's own generator, then a
+        # batched cumsum + searchsorted (torch.multinomial per row cost ~30x more here).
+        cdf = probs.cumsum(dim=-1)
+        u = torch.stack([torch.rand((), generator=generators[i], device=cdf.device) for i in sampled])
+        u = u.to(cdf.dtype) * cdf[:, -1]
+        picked = torch.searchsorted(cdf, u.view(-1, 1), right=True).clamp_(max=cdf.shape[1] - 1)
         for j, i in enumerate(sampled):
-            tokens[i] = int(torch.multinomial(probs[j], 1, generator=generators[i]))
+            tokens[i] = int(picked[j])
     rows = torch.arange(len(tokens), device=logits.device)
     chosen = logp[rows, torch.tensor(tokens, device=logits.device)].tolist()
     return tokens, chosen
