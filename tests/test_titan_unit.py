@@ -215,3 +215,20 @@ def test_kl_to_reference_is_zero_at_start_and_grows_after_a_step(kl_trainer) -> 
     kl_trainer.discard_gradients()
     # Ratio is still 1 (old = current), so the whole change is the KL term, which is > 0.
     assert second.loss_sum > first.loss_sum + 1e-9
+
+
+@pytest.mark.timeout(60)
+def test_rollout_logprobs_used_or_ignored(kl_trainer) -> None:
+    import attrs
+
+    far_off = MicroBatch((ok_sample(old_logprobs=(-9.0, -9.0, -9.0)),))  # ratios ~e^3: all clipped
+    used = kl_trainer.forward_backward(far_off)
+    kl_trainer.discard_gradients()
+    original = kl_trainer.config
+    kl_trainer.config = attrs.evolve(original, use_rollout_logprobs=False)
+    try:
+        ignored = kl_trainer.forward_backward(far_off)
+        kl_trainer.discard_gradients()
+    finally:
+        kl_trainer.config = original
+    assert used.clip_fraction == 1.0 and ignored.clip_fraction == 0.0

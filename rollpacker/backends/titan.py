@@ -180,7 +180,10 @@ class TitanTrainer:
         packed = pack(samples, pad_multiple=self.pad_multiple, device=self.device)
 
         logp, entropy = self._logprobs(self.model, packed.input_ids, packed.targets)
-        old = torch.where(packed.has_old, packed.old_logprobs, logp.detach())
+        # Old policy: the rollout's log-probs, or else the current weights' (unchanged since the
+        # last optimizer step, so the detached forward values are exactly the recompute).
+        has_old = packed.has_old if self.config.use_rollout_logprobs else torch.zeros_like(packed.has_old)
+        old = torch.where(has_old, packed.old_logprobs, logp.detach())
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():

@@ -50,6 +50,10 @@ class TitanConfig:
     """PPO clip range: the ratio pi/pi_old is clipped to [1 - clip_eps, 1 + clip_eps_high]."""
     clip_eps_high: float | None = None
     """Upper clip range (DAPO's clip-higher); None: same as clip_eps."""
+    use_rollout_logprobs: bool = True
+    """Use TrainSample.old_logprobs (the rollout engine's) as the old policy when present; False
+    always takes the trainer's own log-probs under the current weights (engine numerics differ,
+    e.g. bf16 sampling against a float32 trainer)."""
     kl_coef: float = field(default=0.0, validator=ge(0.0))
     """Weight of the k3 KL estimate to the reference policy (the initial weights); 0 turns the
     reference model off entirely (no second copy of the weights is built)."""
