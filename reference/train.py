@@ -31,7 +31,7 @@ from rollpacker.train.session import Session, follower_main, init_distributed_en
 def main(argv: list[str]) -> int:
     config = parse(argv)
     if config.resume is not None:
-        config = resumed_config(config)
+        config = resumed_config(config, steps_given="--steps" in argv)
     config.validate()  # bad flags fail here, before any model is loaded
 
     rank, world = init_distributed_env()
@@ -51,8 +51,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def resumed_config(flags: RunConfig) -> RunConfig:
-    """The saved config of the run being resumed; --steps may extend it."""
+def resumed_config(flags: RunConfig, steps_given: bool) -> RunConfig:
+    """The saved config of the run being resumed; --steps may change how far it goes."""
     saved = RunDir(flags.resume).load_config_dict()
     config = parse(["--preset", "smollm2_cpu_tail"])  # typed defaults, then the saved values
     for key, value in saved.items():
@@ -63,7 +63,7 @@ def resumed_config(flags: RunConfig) -> RunConfig:
         elif isinstance(value, list):
             value = tuple(value)
         setattr(config, key, value)
-    config.steps = max(config.steps, flags.steps)
+    config.steps = flags.steps if steps_given else config.steps
     config.out, config.resume = Path(flags.resume), Path(flags.resume)
     return config
 

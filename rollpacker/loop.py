@@ -27,6 +27,7 @@ from .core import (
     RequestAborted,
     RequestFinished,
     RewardScored,
+    EpochLedger,
     RoundEnded,
     Scheduler,
     ScoreSample,
@@ -99,6 +100,7 @@ class _StepLog:
     failed_rewards: int = 0
     trained_rewards: list[float] = field(factory=list)
     groups: list[tuple[str, ...]] = field(factory=list)
+    trained: tuple = ()
     carried: frozenset[str] = frozenset()
     round_end: float | None = None
     report: Any = None
@@ -124,6 +126,8 @@ class StepLoop:
         self.tokens: dict[str, GenerationResult] = {}
         """Results by request id, kept while a sample may still be trained or resumed."""
         self.last_timeline: list[Interval] = []
+        self.ledger = EpochLedger()
+        """Prompt keys trained so far by this loop (duplicates are counted, never expected)."""
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -249,6 +253,8 @@ class StepLoop:
         self._log.round_end = self._now()
         self._log.report = command.report
         self._log.carried = frozenset(command.carried_requests)
+        self._log.trained = command.trained
+        self.ledger = self.ledger.record(command.trained)
 
     def _optimizer_step(self, command: OptimizerStep) -> None:
         t = time.perf_counter()
@@ -287,6 +293,7 @@ class StepLoop:
         rollout_s = log.round_end if log.round_end is not None else step_s
         bubble = log.occupancy.bubble_ratio(self.engine.capacity, rollout_s)
         rewards = log.trained_rewards
+        pool = self.sched.state.pool
         spreads = [max(r) - min(r) for r in ([log.rewards[i] for i in g] for g in log.groups) if r]
         loss_sum = sum(s.loss_sum for s in log.train_stats)
         tokens = sum(s.num_tokens for s in log.train_stats)
@@ -304,6 +311,9 @@ class StepLoop:
             reward_failures=log.failed_rewards,
             nonzero_variance_groups=sum(1 for s in spreads if s > 0) / len(spreads) if spreads else 0.0,
             loss=loss_sum / tokens if tokens else 0.0,
+            trained=[str(k) for k in log.trained],
+            pending_prompts=len(pool.in_flight) + len(pool.deferred) + len(pool.returned),
+            duplicate_prompts=self.ledger.duplicates,
             entropy=entropy / tokens if tokens else 0.0,
             grad_norm=log.step_stats.grad_norm if log.step_stats is not None else None,
         )
