@@ -146,28 +146,38 @@ def percentiles(xs: list[int]) -> dict:
             "mean": round(float(a.mean()), 1)}
 
 
-def update_results(line: dict, path: Path = ROOT / "benchmarks" / "RESULTS.md") -> None:
-    """Replace (or append) only the `## Embedded engine` section of the shared RESULTS.md."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    r = line
-    section = (
-        "## Embedded engine\n\n"
-        f"`{r['command']}` on {r['machine']}, torch {r['torch']}, {r['model']} {r['dtype']}, "
-        f"{r['num_requests']} requests, cap {r['cap']} new tokens, batch {r['batch']}; lengths from "
-        f"servegen-deepseek-r1 (8192 scaled to the cap): {r['lengths']}.\n\n"
+def update_results(subsection: str, body: str, path: Path = ROOT / "benchmarks" / "RESULTS.md") -> None:
+    """Replace (or add) `### {subsection}` inside the `## Embedded engine` section of the shared
+    RESULTS.md, leaving every other section and subsection as it is."""
+    text = path.read_text() if path.exists() else "# Results\n"
+    head = "## Embedded engine\n"
+    block = f"### {subsection}\n\n{body.strip()}\n\n"
+    section_re = re.compile(r"^## Embedded engine\n.*?(?=^## |\Z)", re.S | re.M)
+    match = section_re.search(text)
+    if match is None:
+        text = text.rstrip("\n") + "\n\n" + head + "\n" + block
+    else:
+        section = match.group(0)
+        sub_re = re.compile(rf"^### {re.escape(subsection)}\n.*?(?=^### |\Z)", re.S | re.M)
+        section = sub_re.sub(lambda _: block, section, count=1) if sub_re.search(section) else (
+            section.rstrip("\n") + "\n\n" + block)
+        text = text[: match.start()] + section.rstrip("\n") + "\n\n" + text[match.end():].lstrip("\n")
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+def results_body(r: dict) -> str:
+    return (
+        f"`{r['command']}` on {r['machine']} (shared with other jobs: timings are noisy), torch {r['torch']}, "
+        f"{r['model']} {r['dtype']}, {r['num_requests']} requests, cap {r['cap']} new tokens, "
+        f"static batch = engine capacity = {r['batch']}; lengths from servegen-deepseek-r1 (8192 trace "
+        f"tokens = the cap): {r['lengths']}.\n\n"
         "| engine | tokens/s | vs static generate |\n|---|---|---|\n"
         f"| static `generate` (padded batches) | {r['static_tok_s']} | 1.00x |\n"
         f"| transformers continuous batching | {r['hf_cb_tok_s']} | {r['hf_cb_vs_static']}x |\n"
         f"| rollpacker embedded engine | {r['embedded_tok_s']} | {r['embedded_vs_static']}x |\n\n"
         f"Embedded vs transformers CB: {r['embedded_vs_hf_cb']}x.  Tokens counted are the requested "
-        "lengths only (EOS ignored, every engine does the same work).\n"
+        "lengths only (EOS ignored, so every engine does the same useful work)."
     )
-    pattern = re.compile(r"^## Embedded engine\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
 
 
 def main() -> None:
@@ -217,7 +227,7 @@ def main() -> None:
     }
     print(json.dumps(line), flush=True)
     if args.write_results:
-        update_results(line)
+        update_results("Throughput", results_body(line))
 
 
 if __name__ == "__main__":
