@@ -18,6 +18,7 @@ POLICY_VARIANTS = [
     ("tail", {"predict": True}),
     ("tail", {"eta_prompts": 1.5, "eta_responses": 1.5}),
     ("sorted", {}),
+    ("sorted", {"prefetch": False}),
     ("sorted", {"mode": "partial", "staleness": 1}),
     ("sorted", {"mode": "partial", "staleness": 2, "group_batches": 2}),
     ("partial", {"staleness": 1}),

@@ -10,6 +10,10 @@ groups are complete.
 the loaded buffer, to be sampled again by the new policy.  `mode="partial"`: finished samples and
 partial responses are kept (with their policy versions) as long as no token lags more than
 `max_staleness` versions.
+
+Beyond the paper, `prefetch=True` (default) loads the next group as soon as fewer than 2P prompts
+of the current one are left: the group's last update batch would otherwise run with only P prompts
+in flight and drain the engine like a sync round.  `prefetch=False` is the paper's strict grouping.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class SortedPolicy(PolicyBase):
     mode: str = field(default="on_policy", validator=in_(MODES))
     staleness: int = field(default=1, validator=non_negative)
     """Partial mode: most policy versions a trained token may lag."""
+    prefetch: bool = True
+    """Load the next group when fewer than 2P prompts of the current one are left."""
 
     def __attrs_post_init__(self) -> None:
         if self.capacity is None:
@@ -47,8 +53,9 @@ class SortedPolicy(PolicyBase):
 
     def open_round(self, state: PlannerState) -> tuple[PlannerState, str, list[Group]]:
         pool, loaded = state.pool, state.loaded
-        if not loaded:
-            pool, loaded = pool.take(self.group_batches * self.prompts)
+        if not loaded or (self.prefetch and len(loaded) < 2 * self.prompts):
+            pool, more = pool.take(self.group_batches * self.prompts)
+            loaded = loaded + more
         carried = {g.prompt: g for g in state.carried}
         fresh = self.fresh_groups(tuple(k for k in loaded if k not in carried), self.samples)
         by_prompt = {g.prompt: g for g in fresh} | carried
