@@ -232,3 +232,23 @@ def test_rollout_logprobs_used_or_ignored(kl_trainer) -> None:
     finally:
         kl_trainer.config = original
     assert used.clip_fraction == 1.0 and ignored.clip_fraction == 0.0
+
+
+def test_parallel_degrees_must_fit_the_world(kl_trainer, tiny_dir: Path) -> None:
+    from rollpacker.backends.titan import TitanTrainer
+
+    with pytest.raises(ConfigError, match=r"dp_shard=-1 tp=2 vs world size 1"):
+        TitanTrainer(TitanConfig(model_dir=tiny_dir, tp=2, device="cpu"))
+
+
+def test_tp_must_divide_heads(tiny_dir: Path) -> None:
+    from rollpacker.backends import titan_cpu
+
+    titan_cpu.stub_missing_triton_kernels()
+    from rollpacker.backends.titan_model import apply_parallel_plan, model_spec_from_hf, read_hf_config
+
+    cfg = read_hf_config(tiny_dir)
+    cfg.update(num_attention_heads=6, num_key_value_heads=3, head_dim=16, hidden_size=96)  # SmolLM2-like 3 kv heads
+    spec = model_spec_from_hf(cfg, inner_attention=titan_cpu.cpu_inner_attention(), fuse_qkv=False, max_seq_len=None)
+    with pytest.raises(ConfigError, match=r"tp=2 must divide the attention heads \(6\) and key/value heads \(3\)"):
+        apply_parallel_plan(spec, tp=2, sequence_parallel=True, config_file="config.json")

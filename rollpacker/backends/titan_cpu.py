@@ -17,7 +17,7 @@ defaults are used unchanged.
    mask because our batches are right-padded (a real token never attends to padding).
 4. spmd backend:  the default ``spmd_types`` fails with torch 2.13; use ``partial_dtensor``.
 5. unfused q/k/v:  a fused QKV projection breaks full-state-dict gathering.
-6. no torch.compile.
+6. no torch.compile (also TorchTitan's default; the trainer never turns it on, on any device).
 7. sum reduction:  gloo has no PREMUL_SUM, which FSDP2 uses to scale gradients;
    `force_sum_reduction` makes every FSDP module reduce with plain SUM.  (We never divide
    gradients in the collective anyway: the loss contract sums over ranks.)
@@ -31,7 +31,6 @@ import types
 
 CPU_SPMD_BACKEND = "partial_dtensor"
 CPU_FUSE_QKV = False
-CPU_COMPILE = False
 
 _KERNELS_MODULE = "torchtitan.distributed.minimal_async_ep.kernels"
 
