@@ -136,11 +136,12 @@ class _Txn:
 
     # -- request outcomes ------------------------------------------------------------------------
 
-    def keep(self, slot: int, group: Group, sample: Sample) -> Group:
+    def keep(self, slot: int, group: Group, sample: Sample, running: frozenset[int]) -> Group:
+        """Add a finished sample to its group (with the group's new running set)."""
         if len(group.kept) >= self.policy.samples:  # a late answer to a group already full
             self.count(wasted=sample.num_tokens)
-            return group
-        group = replace(group, kept=group.kept + (sample,))
+            return replace(group, running=running)
+        group = replace(group, kept=group.kept + (sample,), running=running)
         self.commands.append(ScoreSample(sample))
         if len(group.kept) == self.policy.samples and not group.is_complete and not self.is_closing:
             group = self.complete_group(slot, group)  # (a full group found while closing is carried)
@@ -175,8 +176,9 @@ class _Txn:
                 self.requests = self.requests.set(number, replace(record, aborting=True))
                 self.commands.append(AbortRequest(request_id(number)))
 
-    def request_ended(self, number: int, record: RequestRecord, num_tokens: int, finished: bool) -> Group:
-        """Bookkeeping shared by finish and abort: drop the record, log the length."""
+    def request_ended(self, number: int, record: RequestRecord, num_tokens: int, finished: bool) -> tuple[Group, frozenset[int]]:
+        """Bookkeeping shared by finish and abort: drop the record, log the length; the group and
+        its running set without this request (the caller writes the group back once)."""
         self.requests = self.requests.remove(number)
         total = segments_tokens(record.resume) + num_tokens
         self.count(generated=num_tokens, ended_requests=1, ended_tokens=total)
@@ -186,32 +188,34 @@ class _Txn:
             self.round_changes.get("observations", self.round.observations),
         )
         group = self.groups[record.slot]
-        return replace(group, running=group.running - {number})
+        return group, group.running - {number}
 
     def finished(self, number: int, record: RequestRecord, event: RequestFinished) -> None:
-        group = self.request_ended(number, record, event.num_tokens, event.finish_reason == "stop")
+        group, running = self.request_ended(number, record, event.num_tokens, event.finish_reason == "stop")
         segment = Segment(event.request_id, event.num_tokens, record.policy_version)
         sample = Sample(event.request_id, record.prompt, record.sample_index, record.resume + (segment,), event.finish_reason)
         if group.is_complete or (record.aborting and not self.policy.carries):
             self.count(wasted=sample.num_tokens)
+            group = replace(group, running=running)
         else:
-            group = self.keep(record.slot, group, sample)
+            group = self.keep(record.slot, group, sample, running)
         self.groups = self.groups.set(record.slot, group)
 
     def aborted(self, number: int, record: RequestRecord, event: RequestAborted) -> None:
-        group = self.request_ended(number, record, event.num_tokens, False)
+        group, running = self.request_ended(number, record, event.num_tokens, False)
         prefix = record.resume + ((Segment(event.request_id, event.num_tokens, record.policy_version),) if event.num_tokens else ())
         if not record.aborting:  # the engine dropped it: relaunch the same sample from its old prefix
             self.count(wasted=event.num_tokens, retried=1)
-            group = replace(group, pending=((record.sample_index, record.resume),) + group.pending)
+            group = replace(group, pending=((record.sample_index, record.resume),) + group.pending, running=running)
             self.queue = (record.slot,) + tuple(s for s in self.queue if s != record.slot)
         elif group.is_complete or not self.policy.carries:
             self.count(wasted=segments_tokens(prefix))
+            group = replace(group, running=running)
         elif segments_tokens(prefix) >= self.policy.max_tokens:  # it had reached the cap: finished
             sample = Sample(event.request_id, record.prompt, record.sample_index, prefix, "length")
-            group = self.keep(record.slot, group, sample)
+            group = self.keep(record.slot, group, sample, running)
         else:
-            group = replace(group, pending=group.pending + ((record.sample_index, prefix),))
+            group = replace(group, pending=group.pending + ((record.sample_index, prefix),), running=running)
         self.groups = self.groups.set(record.slot, group)
 
 

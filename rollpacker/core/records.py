@@ -71,9 +71,12 @@ class Sample:
     """"stop" (end of sequence) or "length" (hit max tokens)."""
     num_tokens: int = field(init=False, eq=False)
     """Response length: the tokens of all segments."""
+    number: int = field(init=False, eq=False, repr=False)
+    """`request_number(request_id)`, parsed once."""
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "num_tokens", sum(s.num_tokens for s in self.segments))
+        object.__setattr__(self, "number", request_number(self.request_id))
 
     def staleness(self, policy_version: int) -> int:
         """How many policy versions the oldest token lags behind `policy_version`."""

@@ -97,7 +97,7 @@ class StreamBatcher:
     def handle(self, state: BatcherState, item: Event | Command) -> tuple[BatcherState, list[Command]]:
         """Feed planner commands (ScoreSample, GroupCompleted, RoundEnded) and RewardScored events."""
         if isinstance(item, ScoreSample):
-            number = request_number(item.sample.request_id)
+            number = item.sample.number
             if number in state.rewards:
                 raise SchedulerMisuse(f"sample {item.sample.request_id} was kept twice")
             return replace(state, rewards=state.rewards.set(number, AWAITING)), []
@@ -125,15 +125,13 @@ class StreamBatcher:
         return self._group(state, *group)
 
     def _group(self, state: BatcherState, prompt: PromptKey, samples: tuple[Sample, ...]) -> tuple[BatcherState, list[Command]]:
-        numbers = [request_number(s.request_id) for s in samples]
+        numbers = [s.number for s in samples]
         missing = [n for n in numbers if state.rewards.get(n) == AWAITING]
         if missing:  # park the group under one missing reward; it is re-checked when that arrives
             return replace(state, waiting=state.waiting.set(missing[0], (prompt, samples))), []
         rewards = np.array([state.rewards[n] for n in numbers], dtype=np.float64)
-        scores = state.rewards
-        for n in numbers:
-            scores = scores.remove(n)
-        state = replace(state, rewards=scores, groups_ready=state.groups_ready + 1)
+        # (their rewards stay in the map until the step ends: one sweep then, not a removal each)
+        state = replace(state, groups_ready=state.groups_ready + 1)
         if self.config.dynamic_sampling and np.ptp(rewards) == 0:
             return self._maybe_finish(replace(state, dropped=state.dropped + (prompt,)), [])
         adv = advantages(rewards, self.config.advantage, self.config.eps)
@@ -178,8 +176,10 @@ class StreamBatcher:
             OptimizerStep(state.step, state.normalizer, state.samples, state.tokens, index, state.dropped)
         )
         carried = {request_number(r) for r in ended.carried_requests}
-        rewards = state.rewards
-        for number, status in list(rewards.items()):
-            if number not in carried:  # kept by a group that was not trained: its reward is moot
-                rewards = rewards.set(number, DISCARDED) if status == AWAITING else rewards.remove(number)
+        rewards = IntMap()  # carried samples keep their reward; pending ones of dropped groups are moot
+        for number, status in state.rewards.items():
+            if number in carried:
+                rewards = rewards.set(number, status)
+            elif status == AWAITING:
+                rewards = rewards.set(number, DISCARDED)
         return BatcherState(step=ended.step + 1, rewards=rewards), commands
