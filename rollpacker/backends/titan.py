@@ -27,6 +27,7 @@ from typing import Any
 from rollpacker.backends import titan_cpu
 from rollpacker.backends.titan_config import TitanConfig
 from rollpacker.backends.titan_loss import (
+    InvalidMicroBatch,
     check_micro_batch,
     grpo_token_loss,
     pack,
@@ -36,6 +37,8 @@ from rollpacker.backends.titan_loss import (
 from rollpacker.backends.titan_model import apply_parallel_plan, expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights
 from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import MicroBatch, TrainStats
+
+__all__ = ["InvalidMicroBatch", "TitanConfig", "TitanTrainer"]
 
 _STATE_FILE = "rollpacker_trainer.json"
 
