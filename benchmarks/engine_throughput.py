@@ -169,7 +169,7 @@ def results_body(r: dict) -> str:
     return (
         f"`{r['command']}` on {r['machine']} (shared with other jobs: timings are noisy), torch {r['torch']}, "
         f"{r['model']} {r['dtype']}, {r['num_requests']} requests, cap {r['cap']} new tokens, "
-        f"static batch = engine capacity = {r['batch']}; lengths from servegen-deepseek-r1 (8192 trace "
+        f"static batch = engine capacity = {r['batch']}, best of {r['repeats']} alternating runs; lengths from servegen-deepseek-r1 (8192 trace "
         f"tokens = the cap): {r['lengths']}.\n\n"
         "| engine | tokens/s | vs static generate |\n|---|---|---|\n"
         f"| static `generate` (padded batches) | {r['static_tok_s']} | 1.00x |\n"
@@ -190,11 +190,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="static batch size = engines' capacity")
     parser.add_argument("--skip-hf-cb", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=None, help="alternating runs, best kept (quick 1, else 2)")
     parser.add_argument("--write-results", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     n = args.requests or (32 if args.quick else 96)
     cap = args.cap or (96 if args.quick else 384)
-    batch = args.batch or 16 if args.quick else args.batch or 32
+    batch = args.batch or (16 if args.quick else 32)
 
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
@@ -205,9 +206,19 @@ def main() -> None:
     # warm up every path once on a tiny batch so first-call costs are not timed
     run_embedded(model, prompts[:2], [2, 2], batch)
     run_static(model, prompts[:2], [2, 2], batch, pad)
-    t_emb = run_embedded(model, prompts, lengths, batch)
-    t_static = run_static(model, prompts, lengths, batch, pad)
-    t_cb = None if args.skip_hf_cb else run_hf_cb(model, prompts, lengths, batch)
+    # The machine is shared: alternate the engines and keep each one's best time, so a burst of
+    # someone else's load hurts one repeat of one engine, not the ratio.
+    best: dict[str, float] = {}
+    runners = {
+        "embedded": lambda: run_embedded(model, prompts, lengths, batch),
+        "static": lambda: run_static(model, prompts, lengths, batch, pad),
+    }
+    if not args.skip_hf_cb:
+        runners["hf_cb"] = lambda: run_hf_cb(model, prompts, lengths, batch)
+    for _ in range(args.repeats or (1 if args.quick else 2)):
+        for name, fn in runners.items():
+            best[name] = min(best.get(name, float("inf")), fn())
+    t_emb, t_static, t_cb = best["embedded"], best["static"], best.get("hf_cb")
 
     line = {
         "bench": "engine_throughput",
@@ -217,6 +228,7 @@ def main() -> None:
         "model": args.model or "SmolLM2-135M-Instruct",
         "dtype": args.dtype,
         "num_requests": n, "cap": cap, "batch": batch, "tokens": total,
+        "repeats": args.repeats or (1 if args.quick else 2),
         "lengths": percentiles(lengths),
         "static_tok_s": round(total / t_static, 1),
         "hf_cb_tok_s": None if t_cb is None else round(total / t_cb, 1),
