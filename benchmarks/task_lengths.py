@@ -6,7 +6,9 @@
 Samples each task's prompts `--group` times at temperature 1 with the embedded engine, scores every
 response with the reward executor, and prints one JSON line per task and one for the mix: length
 percentiles (tokens), share at the cap, mean reward, and the share of groups whose rewards differ
-(GRPO learns nothing from a group with equal rewards).
+(GRPO learns nothing from a group with equal rewards), and the share of groups holding both a
+correct (reward 1) and an incorrect answer (partial credit such as gsm_symbolic's 0.01 for a wrong
+number counts as variance but teaches little).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rollpacker.backends.embedded import EmbeddedEngine  # noqa: E402
 from rollpacker.backends.models import load_model  # noqa: E402
@@ -38,6 +41,8 @@ def summary(name, lengths, rewards, groups, cap):
         "at_cap": round(float((a >= cap).mean()), 3),
         "mean_reward": round(float(np.mean(rewards)), 3),
         "groups_with_reward_variance": round(float(np.mean(varied)), 3),
+        "groups_mixed_correct": round(float(np.mean(
+            [any(r >= 1.0 for r in rs) and any(r < 1.0 for r in rs) for rs in groups.values()])), 3),
     }
 
 
@@ -48,6 +53,7 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=512)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write-results", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
 
     model, tokenizer = load_model(None, dtype=args.dtype)
@@ -93,6 +99,19 @@ def main() -> None:
                  "tokens_per_s": round(sum(all_l) / elapsed, 1), "reward_failures": report.num_failed,
                  "reward_queue_s_max": round(report.queue_s_max, 3)})
     print(json.dumps(line))
+    if args.write_results:
+        from engine_throughput import update_results
+
+        rows = [summary(t, *by_task[t], args.cap) for t in sorted(by_task)] + [line]
+        table = "| task | samples | p50 | p90 | max | mean | at cap | mean reward | groups w/ variance | groups mixed correct |\n"
+        table += "|---|---|---|---|---|---|---|---|---|---|\n"
+        table += "".join(
+            f"| {r['task']} | {r['samples']} | {r['p50']} | {r['p90']} | {r['max']} | {r['mean']} | {r['at_cap']} | "
+            f"{r['mean_reward']} | {r['groups_with_reward_variance']} | {r['groups_mixed_correct']} |\n" for r in rows)
+        update_results("Default task mix", (
+            f"`python benchmarks/task_lengths.py --prompts {args.prompts} --group {args.group} --cap {args.cap}`: "
+            f"SmolLM2-135M-Instruct {args.dtype}, temperature 1, chat template, answer = last number; "
+            f"response lengths in tokens.\n\n" + table))
 
 
 if __name__ == "__main__":

@@ -30,13 +30,14 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from attrs import define, field
 
+from rollpacker.backends._drain import drain
 from rollpacker.backends.embedded_runner import Batch, Runner, sample
+from rollpacker.backends.embedded_weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
 from rollpacker.core.errors import ConfigError, RollpackerError, SchedulerMisuse
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
@@ -162,30 +163,14 @@ class EmbeddedEngine:
     def poll(self, timeout: float | None = None) -> list[GenerationProgress | GenerationResult]:
         """Events since the last poll; waits up to `timeout` for the first one (None: until one
         arrives, or returns [] at once when nothing is in flight)."""
-        events = []
-        try:
-            if timeout is None:
-                while True:
-                    with self._cond:
-                        idle = not self._live_ids or self._failure is not None or self._is_closed
-                    try:
-                        events.append(self._out.get(timeout=0.05 if idle else 0.5))
-                        break
-                    except queue.Empty:
-                        if idle:
-                            break
-            else:
-                events.append(self._out.get(timeout=max(0.0, timeout)))
-        except queue.Empty:
-            pass
-        while True:
-            try:
-                events.append(self._out.get_nowait())
-            except queue.Empty:
-                break
+        events = drain(self._out, timeout, self._is_idle)
         if not events and self._failure is not None:
             raise EngineFailed("the embedded engine's decode loop failed") from self._failure
         return events
+
+    def _is_idle(self) -> bool:
+        with self._cond:
+            return not self._live_ids or self._failure is not None or self._is_closed
 
     def abort(self, request_ids: Sequence[str]) -> None:
         with self._cond:
@@ -210,8 +195,8 @@ class EmbeddedEngine:
     def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike, version: int) -> None:
         """Load HF-named tensors (a mapping, or a directory of *.safetensors) into the model between
         decode steps and set the weight version; returns once they are in."""
-        state = _load_state(weights) if isinstance(weights, (str, os.PathLike)) else dict(weights)
-        self._check_names(state)
+        state = load_state(weights)
+        check_state(self.model, state)
         done, error = threading.Event(), []
         with self._cond:
             self._check_open()
@@ -268,18 +253,6 @@ class EmbeddedEngine:
             generator = torch.Generator(device=self._runner.device).manual_seed(seed)
         return _Row(r, prompt, min(r.max_new_tokens, self.context_len - len(prompt)), generator)
 
-    def _check_names(self, state: Mapping[str, Any]) -> None:
-        own = self.model.state_dict()
-        unknown = [k for k in state if k not in own]
-        if unknown:
-            raise ConfigError(f"update_weights: {len(unknown)} name(s) not in the model, e.g. {unknown[:3]}")
-        wrong = [k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape)]
-        if wrong:
-            k = wrong[0]
-            raise ConfigError(
-                f"update_weights: shape of {k!r} is {tuple(state[k].shape)}, the model has {tuple(own[k].shape)}"
-            )
-
     # -- the loop (engine thread) -----------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -322,19 +295,13 @@ class EmbeddedEngine:
             self._waiting = kept
         for state, version, done, error in self._weight_jobs:
             try:
-                self._apply_weights(state)
+                apply_state(self.model, state)
                 self._version = version
             except Exception as exc:  # reported to the caller of update_weights
                 error.append(exc)
             done.set()
         self._weight_jobs.clear()
         return work
-
-    @torch.inference_mode()
-    def _apply_weights(self, state: Mapping[str, Any]) -> None:
-        own = self.model.state_dict()
-        for name, tensor in state.items():
-            own[name].copy_(torch.as_tensor(tensor))
 
     def _num_live(self) -> int:
         return sum(not r.is_done for r in self._rows)
@@ -440,15 +407,3 @@ class EmbeddedEngine:
             error.append(EngineFailed("the engine closed before the weight update"))
             done.set()
 
-
-def _load_state(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    path = Path(directory)
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
-    if not files:
-        raise ConfigError(f"update_weights: {str(path)!r} is not a directory holding *.safetensors files")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state

@@ -27,6 +27,7 @@ from typing import Any
 
 from attrs import define, field, frozen
 
+from rollpacker.backends._drain import drain
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import RewardJob, RewardOutcome
 
@@ -148,27 +149,7 @@ class ProcessRewardExecutor:
     def poll(self, timeout: float | None = None) -> list[RewardOutcome]:
         """Outcomes since the last poll; waits up to `timeout` for the first (None: until one
         arrives, or [] at once when nothing is in flight)."""
-        out = []
-        try:
-            if timeout is None:
-                while True:
-                    with self._lock:
-                        idle = not self._in_flight
-                    try:
-                        out.append(self._out.get(timeout=0.05 if idle else 0.5))
-                        break
-                    except queue.Empty:
-                        if idle:
-                            break
-            else:
-                out.append(self._out.get(timeout=max(0.0, timeout)))
-        except queue.Empty:
-            pass
-        while True:
-            try:
-                out.append(self._out.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._out, timeout, lambda: self.num_in_flight == 0)
 
     def close(self) -> None:
         with self._lock:
