@@ -10,15 +10,13 @@ plus a TP-planning comparison.  Only this section of RESULTS.md is rewritten (ot
 from __future__ import annotations
 
 import argparse
-import re
 import time
-from pathlib import Path
 
 import attrs
 
+from results_md import write_section
 from rollpacker.sim import PAPER_SETTINGS, SimConfig, SimConstants, Simulation
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 POLICIES = [
     ("sync", "sync", {}),
     ("tail", "tail", {}),
@@ -109,17 +107,6 @@ def verdicts(results: dict) -> list[str]:
     ]
 
 
-def write_section(body: str) -> None:
-    text = RESULTS.read_text() if RESULTS.exists() else "# Results\n"
-    section = "## Simulator\n\n" + body.strip() + "\n"
-    pattern = re.compile(r"^## Simulator\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda m: section + "\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
@@ -161,12 +148,14 @@ so it is as slow as (often slower than) a sync step that happens to contain a ma
 with servegen-r1 only ~1% of responses exceed 12.6k tokens, so many sync steps never reach the cap,
 while RollPacker's veRL baseline (673 s at 32k, ~ 32k tokens x 20 ms) hits it every step.  The
 bubble ratio counts a running request as one of Q = 1,024 slots; in every policy the last seconds of a
-round run a handful of requests.  Sorted on-policy keeps all Q slots busy (bubble 0-7%) in the first
-three rounds of each loaded group of 4P prompts, but the fourth round has only the group's last P
-prompts and must finish all of them: it is a sync round (bubble ~60%, 2-4x longer), which sets the
-average.  Loading the next group before the last round (or letting its stragglers defer, as tail
-batching does) is the fix to try; the core owner has the policy.  Lower bounds are loose for long
-rounds: they ignore the context (t2) term and prefill, so ~1.1-1.3x is near the model's floor.
+round run a handful of requests.  Sorted keeps all Q slots busy because it prefetches the next loaded
+group when fewer than 2P prompts are left (`prefetch=True`, our default; with the paper's strict
+grouping the group's last round ran like a sync round and the bubble was 54% at 32k).  The price is
+in the other columns: on-policy sorted throws away the unfinished work of every update (~76% of
+generated tokens) and trains the short answers first, so its kept responses are much shorter than
+what it generates (948 vs 1,681 tokens): the strongest length bias of any policy.  Lower bounds are
+loose for long rounds: they ignore the context (t2) term and prefill, so ~1.1-1.3x is near the
+model's floor.
 
 TP planning (tail and sync, {args.steps} steps, seed {args.seeds[0]}; *plan* = cost-model TP per round from
 predicted lengths, *online* = RollPacker's preemption rule; a TP change costs
@@ -177,7 +166,7 @@ predicted lengths, *online* = RollPacker's preemption rule; a TP change costs
     if args.print:
         print(body)
     else:
-        write_section(body)
+        write_section("Simulator", body)
         print(body)
 
 

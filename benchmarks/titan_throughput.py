@@ -25,8 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_md import write_section
+
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
 SECTION = "## TorchTitan trainer"
 
 
@@ -190,15 +191,7 @@ def write_results(rows: list[dict], model_name: str, command: str) -> None:
         "2 threads per process oversubscribe the cores and slow down several-fold, so compare rows of similar load.",
         "",
     ]
-    section = "\n".join(lines)
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"  # re-read right before writing
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text)
+    write_section(SECTION.removeprefix("## "), "\n".join(lines[1:]))
 
 
 def main() -> None:
