@@ -246,3 +246,20 @@ def test_sampler_follows_the_distribution_and_top_p():
     tokens, _ = sample(logits, [1.0] * n, [0.8] * n, gens)
     freq = torch.bincount(torch.tensor(tokens), minlength=vocab).float() / n
     assert freq[:3].tolist() == pytest.approx([7 / 9, 2 / 9, 0.0], abs=0.03)
+
+
+@pytest.mark.timeout(180)
+def test_default_model_converts_once_from_the_gguf(tmp_path, monkeypatch):
+    from rollpacker.backends.models import default_gguf_path, default_model_dir
+
+    monkeypatch.setenv("ROLLPACKER_CACHE", str(tmp_path))
+    assert default_gguf_path().suffix == ".gguf"
+    first = default_model_dir()
+    assert first.parent == tmp_path / "models" and (first / "config.json").is_file()
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    t = time.monotonic()
+    assert default_model_dir() == first and time.monotonic() - t < 1.0  # reused, not rebuilt
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    config = json.loads((first / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    assert resolve_model(None) == first
