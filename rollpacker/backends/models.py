@@ -82,21 +82,28 @@ def default_model_dir() -> Path:
     return target
 
 
+def read_config_json(directory: str | os.PathLike) -> dict:
+    """config.json of an HF checkpoint directory; a missing directory or file, or bad JSON, is a
+    `ModelError` naming the path."""
+    directory = Path(directory).expanduser()
+    if not directory.is_dir():
+        raise ModelError(f"model directory {str(directory)!r} does not exist")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ModelError(f"{config_path} is missing: {str(directory)!r} is not a Hugging Face checkpoint directory")
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{config_path} is not valid JSON: {exc}") from None
+
+
 def resolve_model(path: str | os.PathLike | None = None) -> Path:
     """The directory of the model to use: the default when `path` is None, else `path` after
     checking it is a local HF directory whose config names a causal-LM architecture."""
     if path is None:
         return default_model_dir()
     directory = Path(path).expanduser()
-    if not directory.is_dir():
-        raise ModelError(f"model directory {str(directory)!r} does not exist")
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise ModelError(f"model directory {str(directory)!r} has no config.json (not an HF model)")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"{config_path} is not valid JSON: {exc}") from None
+    config = read_config_json(directory)
     architectures = config.get("architectures") or []
     if not any(a.endswith("ForCausalLM") for a in architectures):
         raise ModelError(

@@ -10,7 +10,6 @@ an update through either use reaches both and the exported `model.embed_tokens.w
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from attrs import frozen
 
+from rollpacker.backends.models import read_config_json
 from rollpacker.core.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
@@ -43,15 +43,8 @@ class TitanModelSpec:
 def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
     """config.json of `model_dir`, checked for an architecture we can train."""
     path = Path(model_dir)
-    if not path.is_dir():
-        raise ConfigError(f"checkpoint directory {path} does not exist")
     config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(f"{config_file} is missing: not a Hugging Face checkpoint directory")
-    try:
-        cfg = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{config_file} is not valid JSON: {exc}") from None
+    cfg = read_config_json(path)
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(

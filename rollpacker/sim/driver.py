@@ -279,7 +279,9 @@ class Simulation:
         self.meter.trained(seconds)
 
     def _round_ended(self, cmd: RoundEnded) -> None:
-        self.meter.round_ended(cmd, self.now)
+        # A prefill an instance started just before the round closed still runs to its end: the
+        # rollout is over when every instance is idle, not at the abort.
+        self.meter.round_ended(cmd, max([self.now] + [inst.time for inst in self.instances]))
         self.ledger = self.ledger.record(cmd.trained)
         keep = set(cmd.carried_requests)
         self.root = {r: v for r, v in self.root.items() if r in keep}
