@@ -2,7 +2,8 @@
 batching, on the same model and the same mixed-length requests.
 
     .venv/bin/python benchmarks/engine_throughput.py            # full run (a few minutes on 2 cores)
-    .venv/bin/python benchmarks/engine_throughput.py --quick    # under 60 s
+    .venv/bin/python benchmarks/engine_throughput.py --quick    # under 60 s: a smoke run (16 requests,
+                                                                # cap 64: prefill dominates, ratios mean little)
     .venv/bin/python benchmarks/engine_throughput.py --write-results   # also update RESULTS.md
 
 Workload: response lengths drawn from ../shared/traces/servegen-deepseek-r1 (production DeepSeek-R1
@@ -202,9 +203,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="alternating runs, best kept (quick 1, else 2)")
     parser.add_argument("--write-results", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
-    n = args.requests or (32 if args.quick else 96)
-    cap = args.cap or (96 if args.quick else 384)
-    batch = args.batch or (16 if args.quick else 32)
+    n = args.requests or (16 if args.quick else 96)
+    cap = args.cap or (64 if args.quick else 384)
+    batch = args.batch or (8 if args.quick else 32)
 
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
