@@ -312,6 +312,9 @@ class EmbeddedEngine:
             return
         logits = self._runner.decode(self._batch, self._last)
         self._last = self._emit_tokens(logits, self._rows)
+        if not self._waiting and not self._num_live():
+            # idle: give the KV cache's memory back (the trainer may need it between rounds)
+            self._rows, self._batch, self._last = [], None, None
 
     def _maybe_rebuild(self) -> None:
         """Compact out dead rows and admit waiting requests, when worth a cache copy."""
