@@ -105,7 +105,7 @@ class RunConfig:
     """How per-token losses are averaged over the step."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards all agree."""
-    micro_batch_tokens: int = 512
+    micro_batch_tokens: int = 256
     """Most response tokens per training micro-batch."""
     nproc: int = 1
     """Trainer processes (torchrun); rank 0 also runs rollout and scoring."""
