@@ -35,11 +35,11 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args, train_flags = ap.parse_known_args()  # anything else goes to reference/train.py as is
     out = args.out or Path(tempfile.mkdtemp(prefix="rollpacker-compare-"))
     cmd = [sys.executable, str(ROOT / "reference" / "train.py"), "--compare", "sync,tail", "--out", str(out),
            "--steps", str(args.steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
-           "--max-tokens", str(args.max_tokens)]
+           "--max-tokens", str(args.max_tokens), *train_flags]
     subprocess.run(cmd, check=True, cwd=ROOT)
     summary = json.loads((out / "compare.json").read_text())
     records = {p: [json.loads(x) for x in (out / p / "metrics.jsonl").read_text().splitlines()] for p in ("sync", "tail")}
@@ -48,7 +48,8 @@ def main() -> None:
         f"`{' '.join(['.venv/bin/python benchmarks/train_compare.py', *sys.argv[1:]])}` on {platform.node() or 'this machine'} "
         f"(2 CPU cores, shared with other jobs: absolute seconds are noisy, the ratio is measured side by side), "
         f"SmolLM2-135M-Instruct fp32, P={args.prompts} R={args.samples} max_tokens={args.max_tokens}, "
-        f"{args.steps} steps each, same initial weights and seed.",
+        f"{args.steps} steps each, same initial weights and seed"
+        + (f", trainer flags {' '.join(train_flags)}" if train_flags else "") + ".",
         "",
         "| policy | mean step s | bubble ratio | mean reward | on-policy token fraction | rounds |",
         "|---|---|---|---|---|---|",

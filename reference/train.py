@@ -35,8 +35,9 @@ def main(argv: list[str]) -> int:
     config.validate()  # bad flags fail here, before any model is loaded
 
     rank, world = init_distributed_env()
-    if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc}", __file__, *argv]
+    if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
+        rest = [a for i, a in enumerate(argv) if not a.startswith("--nproc") and not (i and argv[i - 1] == "--nproc")]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc}", __file__, *rest]
         return subprocess.call(cmd)
     if rank > 0:
         follower_main(config)

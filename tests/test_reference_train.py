@@ -136,3 +136,30 @@ def test_engine_logits_match_the_trainer_after_a_weight_sync(tiny_model):
         assert (after - titan_logits).abs().max().item() < 1e-4
     finally:
         engine.close()
+
+
+@pytest.mark.timeout(300)
+def test_nproc_2_trains_with_an_fsdp2_trainer_under_torchrun(tiny_model, tmp_path):
+    """--nproc 2 re-launches under torchrun: rank 0 drives rollout and scoring, both ranks train."""
+    out = tmp_path / "run"
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1, "--nproc", 2)
+    rs = records(out)
+    assert [r["step"] for r in rs] == [0] and rs[0]["trained_prompts"] == 2
+    state = json.loads((out / "state" / "trainer" / "rollpacker_trainer.json").read_text())
+    assert state["dp_shard"] == 2 and state["step"] == 1
+    assert "outputs in" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_rollout_sglang_trains_against_a_served_engine(tiny_model, tmp_path):
+    """--rollout sglang: the same run with rollout on a `rollpacker serve` server (SGLang's API)."""
+    from rollpacker.backends.sglang_launch import launch_servers
+
+    out = tmp_path / "run"
+    with launch_servers(str(tiny_model), num_servers=1, kind="rollpacker", timeout_s=90) as group:
+        run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 2,
+                  "--rollout", "sglang", "--sglang-urls", group.urls[0])
+    rs = records(out)
+    assert [r["step"] for r in rs] == [0, 1]
+    trained = [k for r in rs for k in r["trained"]]
+    assert len(trained) == len(set(trained)) == 4
