@@ -71,7 +71,8 @@ def main() -> None:
         + "; ".join(f"{p} {_mean(records[p], 'rollout_s'):.1f} / {_mean(records[p], 'reward_s'):.1f} / "
                     f"{_mean(records[p], 'train_s'):.1f}, {_mean(records[p], 'hidden_train_s'):.1f}" for p in records),
     ]
-    write_section("Reference trainer: sync vs tail", "\n".join(body))
+    label = "tail knobs: " + (" ".join(train_flags) if train_flags else "defaults")
+    write_section("Reference trainer: sync vs tail", "\n".join(body), subsection=label)
     print("\n".join(body))
 
 
