@@ -1,5 +1,5 @@
 """The contracts backends implement.  Data types here are plain frozen records (no torch), so the
-core can name them; the backends in `rollpacker.backends` and `rollpacker.sim` implement the
+core can name them; the engines, trainers and reward executors (and the simulator) implement the
 Protocols.
 
 Rollout engine
