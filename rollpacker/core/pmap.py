@@ -100,20 +100,33 @@ class IntMap(Generic[V]):
         return result
 
 
-def _assoc(node: tuple, shift: int, key: int, boxed: tuple | None) -> tuple[tuple, int]:
-    """Copy the path to `key` with its leaf set to `boxed` (None clears it); return (node, added)."""
-    index = (key >> shift) & _MASK
-    if shift == 0:
-        added = (boxed is not None) - (node[index] is not None)
-        child = boxed
-    else:
-        old = node[index]
-        if old is None and boxed is None:
-            return node, 0
-        child, added = _assoc(old if old is not None else _EMPTY_NODE, shift - _BITS, key, boxed)
-        if child == _EMPTY_NODE:
-            child = None
-    return node[:index] + (child,) + node[index + 1:], added
+def _assoc(root: tuple, shift: int, key: int, boxed: tuple | None) -> tuple[tuple, int]:
+    """Copy the path to `key` with its leaf set to `boxed` (None clears it, pruning nodes left
+    empty); return (new root, entries added: 1, 0 or -1).  Iterative: one list copy per level."""
+    path = []
+    node = root
+    while shift:
+        path.append(node)
+        child = node[(key >> shift) & _MASK]
+        if child is None:
+            if boxed is None:
+                return root, 0
+            child = _EMPTY_NODE
+        node = child
+        shift -= _BITS
+    index = key & _MASK
+    added = (boxed is not None) - (node[index] is not None)
+    copy = list(node)
+    copy[index] = boxed
+    new: tuple | None = tuple(copy)
+    for parent in reversed(path):
+        shift += _BITS
+        if new == _EMPTY_NODE:
+            new = None
+        copy = list(parent)
+        copy[(key >> shift) & _MASK] = new
+        new = tuple(copy)
+    return new, added
 
 
 def _walk(node: tuple, shift: int, base: int) -> Iterator[tuple[int, Any]]:

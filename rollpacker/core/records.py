@@ -125,11 +125,11 @@ def replace(inst, **changes):
 
 
 def _make_replacer(cls):
-    """Generate `def r(inst, ch)` that copies every field of `cls`, taking changed ones from `ch`."""
+    """Generate `def r(inst, ch)`: copy every field of `cls`, then set the changed ones."""
     names = [a.name for a in attrs.fields(cls)]
-    lines = ["def r(inst, ch):", "    new = new_(cls)", "    get = ch.get"]
-    lines += [f"    set_(new, {n!r}, get({n!r}, inst.{n}) if ch else inst.{n})" for n in names]
-    lines.append("    return new")
+    lines = ["def r(inst, ch):", "    new = new_(cls)"]
+    lines += [f"    set_(new, {n!r}, inst.{n})" for n in names]
+    lines += ["    for name, value in ch.items():", "        set_(new, name, value)", "    return new"]
     namespace = {"new_": object.__new__, "set_": object.__setattr__, "cls": cls}
     exec("\n".join(lines), namespace)  # noqa: S102 - generated from attrs field names only
     return namespace["r"]
