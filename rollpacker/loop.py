@@ -46,7 +46,7 @@ from .core.protocols import (
     Trainer,
     TrainSample,
 )
-from .core.records import Sample
+from .core.records import Sample, request_number
 
 
 class StepTimeout(RollpackerError):
@@ -198,7 +198,7 @@ class StepLoop:
                 self._optimizer_step(command)
 
     def _generation_request(self, c: LaunchRequest) -> GenerationRequest:
-        number = int(c.request_id[2:])
+        number = request_number(c.request_id)
         return GenerationRequest(
             request_id=c.request_id,
             prompt_ids=self.prompts.prompt_ids(c.prompt.index),

@@ -158,9 +158,13 @@ def test_unbiased_tail_keeps_whole_groups(run):
     driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"])
     for _ in range(run["steps"]):
         driver.run_step()
+    groups: dict = {}
     for mb in driver.micro_batches:
         for ref in mb.samples:
-            assert ref.sample.sample_index < run["samples"]
+            groups.setdefault((mb.step, ref.sample.prompt), []).append(ref.sample.sample_index)
+    assert len(groups) == run["prompts"] * run["steps"]
+    for indices in groups.values():  # all R launched samples of the group, each once
+        assert sorted(indices) == list(range(run["samples"]))
 
 
 def test_tail_plays_short_then_long_rounds():

@@ -159,7 +159,6 @@ class _Txn:
             self.queue = tuple(s for s in self.queue if s != slot)
         num_completed = self.round_changes.get("num_completed", self.round.num_completed) + 1
         self.round_changes["num_completed"] = num_completed
-        self.round_changes["completed"] = (slot, self.round_changes.get("completed", self.round.completed))
         if num_completed == self.round.target:
             self.close()
         return group
@@ -296,7 +295,6 @@ class RoundPlanner:
 
     def _end_round(self, state: PlannerState, commands: list[Command]) -> tuple[PlannerState, list[Command]]:
         rnd = state.round
-        completed_slots = set(cons_iter(rnd.completed))
         groups = [g for _, g in rnd.groups.items()]
         trained = [g for g in groups if g.is_complete]
         incomplete = [g for g in groups if not g.is_complete]
@@ -313,7 +311,6 @@ class RoundPlanner:
         state = self.policy.close_round(state, rnd.kind, incomplete)
         if self.policy.carries:
             state = replace(state, carried=tuple(incomplete))
-        assert len(completed_slots) == len(trained)
         report = _report(rnd, trained, tally, wasted, carried_out, len(incomplete), self.policy.carries)
         carried_ids = tuple(
             sorted({seg.request_id for g in state.carried for s in g.kept for seg in s.segments}

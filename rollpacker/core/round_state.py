@@ -83,7 +83,6 @@ class RoundState:
     """Groups that complete this round."""
     groups: IntMap = field(factory=IntMap)
     num_groups: int = 0
-    completed: Cons = None
     num_completed: int = 0
     queue: tuple[int, ...] = ()
     """Slots with pending launches, in launch order (used when the planner limits concurrency)."""
