@@ -5,6 +5,12 @@ batching, on the same model and the same mixed-length requests.
     .venv/bin/python benchmarks/engine_throughput.py --quick    # under 60 s: a smoke run (16 requests,
                                                                 # cap 64: prefill dominates, ratios mean little)
     .venv/bin/python benchmarks/engine_throughput.py --write-results   # also update RESULTS.md
+    .venv/bin/python benchmarks/engine_throughput.py --device cuda --batch 128 --cap 1024 --requests 256
+
+With `--device cuda` it also profiles one decode step at `--batch` rows x `--profile-context`
+tokens: ms per step (CUDA graph replay, and eager for comparison), the replay cost of an empty
+graph (the launch floor of a replay), and the memory floor: bytes a step must read (weights + the
+rows' KV) over the copy bandwidth measured on the same GPU.
 
 Workload: response lengths drawn from ../shared/traces/servegen-deepseek-r1 (production DeepSeek-R1
 output lengths, Apache-2.0, from alibaba/ServeGen), pooled over every client and window with equal
@@ -86,7 +92,7 @@ def run_static(model, prompts, lengths, batch_size: int, pad_id: int) -> float:
         n = max(ls)
         with torch.inference_mode():
             out = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                 max_new_tokens=n, min_new_tokens=n, pad_token_id=pad_id,
             )
         assert out.shape[1] == width + n
@@ -123,7 +129,8 @@ def run_hf_cb(model, prompts, lengths, batch_size: int) -> float:
 
 
 def run_embedded(model, prompts, lengths, capacity: int, **engine_kwargs) -> float:
-    engine = EmbeddedEngine(model, capacity=capacity, stop_token_ids=(), progress_every=1 << 30, **engine_kwargs)
+    engine = EmbeddedEngine(model, capacity=capacity, stop_token_ids=(), progress_every=1 << 30,
+                            spec_max_rows=0, **engine_kwargs)
     try:
         start = time.perf_counter()
         engine.submit([
@@ -139,6 +146,50 @@ def run_embedded(model, prompts, lengths, capacity: int, **engine_kwargs) -> flo
         return time.perf_counter() - start
     finally:
         engine.close()
+
+
+def _cuda_ms(fn, repeats: int) -> float:
+    """Milliseconds per call of `fn` on the GPU (CUDA events around `repeats` calls)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def decode_profile(model, rows: int, context: int, repeats: int = 50) -> dict:
+    """One decode step at `rows` x `context` tokens: graph replay vs eager vs floors."""
+    from rollpacker.backends.embedded_runner import Runner
+
+    runner = Runner(model, pad_token_id=0, capacity=rows)
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, 1000, (rows, context), generator=gen).tolist()
+    for i in range(0, rows, 16):
+        runner.prefill(i, prompts[i : i + 16])
+    tokens = torch.randint(100, 1000, (rows, 1), generator=gen)
+    lens = [context] * rows  # the same step again and again: writes land in the same column
+    graph_ms = _cuda_ms(lambda: runner.decode(tokens, lens), repeats)
+    runner.use_graphs = False
+    eager_ms = _cuda_ms(lambda: runner.decode(tokens, lens), max(3, repeats // 10))
+    empty = torch.cuda.CUDAGraph()
+    x = torch.zeros(1, device="cuda")
+    with torch.cuda.graph(empty):
+        x.add_(1)
+    empty_ms = _cuda_ms(empty.replay, 1000)
+    big = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    copy_ms = _cuda_ms(lambda: big.clone(), 20)
+    bandwidth = 2 * big.numel() / (copy_ms / 1e3)  # read + write bytes per second
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_bytes = runner.kv_bytes_per_token() * rows * (context + 1)
+    floor_ms = (weight_bytes + kv_bytes) / bandwidth * 1e3
+    return {"rows": rows, "context": context, "graph_ms": round(graph_ms, 3), "eager_ms": round(eager_ms, 3),
+            "empty_graph_replay_ms": round(empty_ms, 4), "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
+            "memory_floor_ms": round(floor_ms, 3), "graph_vs_floor": round(graph_ms / floor_ms, 2),
+            "graph_tok_s": round(rows / graph_ms * 1e3, 1)}
 
 
 def static_slots(lengths: list[int], batch_size: int) -> int:
@@ -190,11 +241,24 @@ def results_body(r: dict) -> str:
     )
 
 
+def decode_body(d: dict) -> str:
+    return (
+        f"One decode step at {d['rows']} rows x {d['context']} context tokens: **{d['graph_ms']} ms** with "
+        f"CUDA graphs ({d['graph_tok_s']} tok/s), {d['eager_ms']} ms eager; an empty graph replays in "
+        f"{d['empty_graph_replay_ms']} ms; the memory floor (weights + KV read at the measured "
+        f"{d['copy_bandwidth_gb_s']} GB/s copy bandwidth) is {d['memory_floor_ms']} ms: "
+        f"the step is {d['graph_vs_floor']}x the floor."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small workload, under 60 s")
     parser.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--profile-context", type=int, default=256,
+                        help="CUDA: context tokens per row of the decode-step profile")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--cap", type=int, default=None, help="max new tokens (8192 trace tokens map here)")
     parser.add_argument("--batch", type=int, default=None, help="static batch size = engines' capacity")
@@ -208,7 +272,7 @@ def main() -> None:
     batch = args.batch or (8 if args.quick else 32)
 
     torch.manual_seed(args.seed)
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
     prompts, lengths = make_workload(n, cap, args.seed, len(tokenizer))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     total = sum(lengths)
@@ -232,8 +296,9 @@ def main() -> None:
 
     line = {
         "bench": "engine_throughput",
-        "command": "python benchmarks/engine_throughput.py" + (" --quick" if args.quick else ""),
-        "machine": f"{platform.machine()} {os.cpu_count()} CPU cores",
+        "command": " ".join(["python benchmarks/engine_throughput.py", *sys.argv[1:]]),
+        "machine": (torch.cuda.get_device_name() if args.device == "cuda"
+                    else f"{platform.machine()} {os.cpu_count()} CPU cores"),
         "torch": torch.__version__,
         "model": args.model or "SmolLM2-135M-Instruct",
         "dtype": args.dtype,
@@ -248,9 +313,15 @@ def main() -> None:
         "hf_cb_vs_static": None if t_cb is None else round(t_static / t_cb, 2),
         "embedded_vs_hf_cb": None if t_cb is None else round(t_cb / t_emb, 2),
     }
+    if args.device == "cuda":
+        line["decode_step"] = decode_profile(model, batch, args.profile_context)
     print(json.dumps(line), flush=True)
     if args.write_results:
-        update_results("Throughput", results_body(line))
+        title = "Throughput" if args.device == "cpu" else f"Throughput ({line['machine']})"
+        body = results_body(line)
+        if "decode_step" in line:
+            body += "\n\n" + decode_body(line["decode_step"])
+        update_results(title, body)
 
 
 if __name__ == "__main__":

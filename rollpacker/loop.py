@@ -207,6 +207,7 @@ class StepLoop:
             top_p=self.config.top_p,
             seed=(self.config.seed * 1_000_003 + number) % (1 << 31),
             resume_ids=self._response_ids(c.resume),
+            group=c.sibling_group,
         )
 
     def _response_ids(self, segments) -> tuple[int, ...]:

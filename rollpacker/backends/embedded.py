@@ -2,9 +2,10 @@
 
 `EmbeddedEngine` implements `rollpacker.core.protocols.RolloutEngine`.  A background thread owns the
 model and runs the loop: apply commands (new requests, aborts, weight updates), admit waiting
-requests into the running batch, decode one token for every running row, emit progress and results
-into a queue that `poll` reads.  Rows join and leave the batch between decode steps (see
-`embedded_runner` for the cache layout).
+requests into the running batch, decode one token for every running row (or, in the tail, verify
+a few speculative draft tokens per row: `embedded_speculation`), emit progress and results into a
+queue that `poll` reads.  Rows join and leave the batch between decode steps (see
+`embedded_runner` for the slot cache and the CUDA graphs).
 
 Why our own engine and not transformers' continuous batching: on CPU that one packs every request
 into one sequence with a dense mask and ran slower than a padded static `generate`
@@ -36,7 +37,9 @@ import torch
 from attrs import define, field
 
 from rollpacker.backends._drain import drain
-from rollpacker.backends.embedded_runner import Batch, Runner, sample
+from rollpacker.backends.embedded_runner import Runner
+from rollpacker.backends.embedded_sampling import sample, verify
+from rollpacker.backends.embedded_speculation import SpeculationStats, Speculator
 from rollpacker.backends.embedded_weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
 from rollpacker.core.errors import ConfigError, RollpackerError, SchedulerMisuse
@@ -54,26 +57,48 @@ class EngineFailed(RollpackerError):
 @define(eq=False)
 class _Row:
     request: GenerationRequest
-    prompt: list[int]
+    tokens: list[int]
+    """Prompt (+ resumed prefix) then the generated tokens; the cache holds all but the last."""
+    num_prompt: int
     max_new: int
-    generator: torch.Generator | None
+    seed: int
     version: int = -1
-    token_ids: list[int] = field(factory=list)
     logprobs: list[float] = field(factory=list)
     is_done: bool = False
     num_reported: int = 0
+
+    @property
+    def rid(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.tokens[self.num_prompt :]
+
+    @property
+    def cache_len(self) -> int:
+        return len(self.tokens) - 1
 
 
 class EmbeddedEngine:
     """Continuous-batching rollout engine over a local HF causal LM.
 
     model: a directory (None: the default SmolLM2-135M-Instruct) or an already loaded
-    `PreTrainedModel` (then `tokenizer_pad_id` defaults to its config's pad/eos id).
-    capacity: the most rows decoded at once.  progress_every: emit a `GenerationProgress` per
-    request every this many tokens.  stop_token_ids: None for the model's EOS ids; () to ignore
-    EOS (benchmarks force exact lengths that way).  rebuild_fraction: compact and admit once dead
-    rows plus admittable requests reach this share of the batch (a rebuild copies the cache).
+    `PreTrainedModel` (then the pad id defaults to its config's pad/eos id).
+    capacity: the most rows decoded at once.  device/dtype: where and how a model given as a
+    directory is loaded (a loaded model stays where it is).  progress_every: emit a
+    `GenerationProgress` per request every this many tokens.  stop_token_ids: None for the model's
+    EOS ids; () to ignore EOS (benchmarks force exact lengths that way).  admit_fraction: while
+    rows are running, admit waiting requests once this share of the running rows' count can be
+    admitted together (prefill is batched), or when every waiting request fits.
     max_prefill_tokens: prompt tokens admitted per prefill (at least one request).
+    attention: "matmul" or "sdpa" for decode (see `embedded_runner`).  cuda_graphs: None = on
+    CUDA.  spec_max_rows: speculative decoding when at most this many rows run (0: off);
+    spec_tokens: draft tokens per row and verify step; spec_ngram: longest suffix matched.
     """
 
     def __init__(
@@ -85,17 +110,25 @@ class EmbeddedEngine:
         device: str = "cpu",
         progress_every: int = 8,
         stop_token_ids: Sequence[int] | None = None,
-        rebuild_fraction: float = 0.125,
+        admit_fraction: float = 0.125,
         max_prefill_tokens: int = 8192,
         seed: int = 0,
         weight_version: int = 0,
+        attention: str = "matmul",
+        cuda_graphs: bool | None = None,
+        spec_max_rows: int = 4,
+        spec_tokens: int = 4,
+        spec_ngram: int = 3,
     ):
         if capacity < 1:
             raise ConfigError(f"capacity must be >= 1, got {capacity}")
         if progress_every < 1:
             raise ConfigError(f"progress_every must be >= 1, got {progress_every}")
-        if not 0.0 <= rebuild_fraction <= 1.0:
-            raise ConfigError(f"rebuild_fraction must be in [0, 1], got {rebuild_fraction}")
+        if not 0.0 <= admit_fraction <= 1.0:
+            raise ConfigError(f"admit_fraction must be in [0, 1], got {admit_fraction}")
+        if attention not in ("matmul", "sdpa"):
+            raise ConfigError(f"attention must be 'matmul' or 'sdpa', got {attention!r}")
+        self._speculator = Speculator(max_rows=spec_max_rows, num_tokens=spec_tokens, ngram=spec_ngram)
         if model is None or isinstance(model, (str, os.PathLike)):
             model, _ = load_model(model, dtype=dtype, device=device)
         self.model = model.eval()
@@ -107,10 +140,11 @@ class EmbeddedEngine:
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         self.stop_token_ids = frozenset(eos_ids if stop_token_ids is None else stop_token_ids)
         pad = config.pad_token_id if config.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
-        self._runner = Runner(model, pad_token_id=int(pad))
+        self._runner = Runner(model, pad_token_id=int(pad), capacity=capacity, attention=attention,
+                              use_graphs=cuda_graphs)
         self._capacity = capacity
         self._progress_every = progress_every
-        self._rebuild_fraction = rebuild_fraction
+        self._admit_fraction = admit_fraction
         self._max_prefill_tokens = max_prefill_tokens
         self._seeds = torch.Generator().manual_seed(seed)
         self._version = weight_version
@@ -129,11 +163,14 @@ class EmbeddedEngine:
 
         # Owned by the loop thread.
         self._waiting: deque[_Row] = deque()
-        self._rows: list[_Row] = []  # batch order, dead rows included until the next rebuild
-        self._batch: Batch | None = None
-        self._last: torch.Tensor | None = None
+        self._rows: list[_Row] = []  # Invariant: row i lives in cache slot i; finished rows leave at once
         self._thread = threading.Thread(target=self._loop, name="rollpacker-embedded", daemon=True)
         self._thread.start()
+
+    @property
+    def speculation_stats(self) -> SpeculationStats:
+        """Draft tokens proposed and accepted so far (accepted tokens per verify step)."""
+        return self._speculator.stats
 
     # -- Protocol ---------------------------------------------------------------------------------
 
@@ -247,11 +284,10 @@ class EmbeddedEngine:
                 f"request {rid!r}: prompt (+ resume) has {len(prompt)} tokens; the model's context is "
                 f"{self.context_len} tokens, leaving no room to generate"
             )
-        generator = None
+        seed = 0
         if r.temperature > 0:
             seed = r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            generator = torch.Generator(device=self._runner.device).manual_seed(seed)
-        return _Row(r, prompt, min(r.max_new_tokens, self.context_len - len(prompt)), generator)
+        return _Row(r, prompt, len(prompt), min(r.max_new_tokens, self.context_len - len(prompt)), int(seed))
 
     # -- the loop (engine thread) -----------------------------------------------------------------
 
@@ -304,86 +340,119 @@ class EmbeddedEngine:
         return work
 
     def _num_live(self) -> int:
-        return sum(not r.is_done for r in self._rows)
+        return len(self._rows)
 
     def _step(self) -> None:
-        self._maybe_rebuild()
-        if self._batch is None:
+        self._compact()
+        self._admit()
+        if not self._rows:
+            if not self._waiting and not self._runner.is_cuda:
+                self._runner.release()  # idle: give the KV cache's memory back to the trainer
             return
-        logits = self._runner.decode(self._batch, self._last)
-        self._last = self._emit_tokens(logits, self._rows)
-        if not self._waiting and not self._num_live():
-            # idle: give the KV cache's memory back (the trainer may need it between rounds)
-            self._rows, self._batch, self._last = [], None, None
+        rows = self._rows
+        drafts = self._speculator.drafts([(r.rid, r.max_new - r.num_generated) for r in rows])
+        params = self._sampling_params(rows)
+        cache_lens = [r.cache_len for r in rows]
+        if drafts is None:
+            ids = torch.tensor([[r.tokens[-1]] for r in rows], dtype=torch.long)
+            logits = self._runner.decode(ids, cache_lens)[:, 0]
+            tokens, logprobs = sample(logits, *params)
+            emitted = [[t] for t in tokens.tolist()]
+            emitted_lp = [[lp] for lp in logprobs.tolist()]
+        else:
+            emitted, emitted_lp = self._verify(rows, drafts, cache_lens, params)
+        now = time.monotonic()
+        for row, toks, lps in zip(rows, emitted, emitted_lp):
+            for tok, lp in zip(toks, lps):
+                if self._append(row, tok, lp, now):
+                    break
+        self._compact()
 
-    def _maybe_rebuild(self) -> None:
-        """Compact out dead rows and admit waiting requests, when worth a cache copy."""
-        num_live = self._num_live()
-        num_dead = len(self._rows) - num_live
+    def _verify(self, rows, drafts, cache_lens, params):
+        """One forward over each row's last token and its drafts; the emitted tokens per row."""
+        k = self._speculator.num_tokens
+        pad = self._runner.pad_token_id
+        ids = torch.tensor([[r.tokens[-1], *d, *[pad] * (k - len(d))] for r, d in zip(rows, drafts)],
+                           dtype=torch.long)
+        num_drafts = [len(d) for d in drafts]
+        logits = self._runner.decode(ids, cache_lens)
+        device = logits.device
+        tokens, logprobs, accepted = verify(
+            logits, ids[:, 1:].to(device), torch.tensor(num_drafts, device=device), *params)
+        accepted = accepted.tolist()
+        self._speculator.record(num_drafts, accepted)
+        tokens, logprobs = tokens.tolist(), logprobs.tolist()
+        return ([t[: a + 1] for t, a in zip(tokens, accepted)],
+                [lp[: a + 1] for lp, a in zip(logprobs, accepted)])
+
+    def _sampling_params(self, rows: list[_Row]) -> tuple[torch.Tensor, ...]:
+        """(temperature, top_p, seed, counter) per row, on the model's device."""
+        device = self._runner.device
+        return (
+            torch.tensor([r.request.temperature for r in rows], dtype=torch.float32, device=device),
+            torch.tensor([r.request.top_p for r in rows], dtype=torch.float32, device=device),
+            torch.tensor([r.seed for r in rows], dtype=torch.long, device=device),
+            torch.tensor([r.num_generated for r in rows], dtype=torch.long, device=device),
+        )
+
+    def _compact(self) -> None:
+        """Take finished rows out of the batch: the last row moves into each freed slot."""
+        rows = self._rows
+        for i in range(len(rows) - 1, -1, -1):
+            if not rows[i].is_done:
+                continue
+            last = rows.pop()
+            if i < len(rows):
+                self._runner.move(len(rows), i, last.cache_len)
+                rows[i] = last
+
+    def _admit(self) -> None:
+        """Prefill waiting requests into the free slots, batched (see `admit_fraction`)."""
+        num_live = len(self._rows)
         admit = self._pick_admissions(self._capacity - num_live)
-        threshold = max(1, int(self._rebuild_fraction * max(len(self._rows), 1)))
-        if num_live and num_dead + len(admit) < threshold:
+        if not admit:
+            return
+        if num_live and len(admit) < max(1, int(self._admit_fraction * num_live)) and self._waiting:
             self._waiting.extendleft(reversed(admit))
             return
-        if not num_dead and not admit:
-            return
-        keep = [i for i, r in enumerate(self._rows) if not r.is_done]
-        new_batch = None
-        if admit:
-            version = self._version
-            for row in admit:
-                row.version = version
-            new_batch, logits = self._runner.prefill([r.prompt for r in admit])
-        if not keep and new_batch is None:
-            self._rows, self._batch, self._last = [], None, None
-            return
-        old_last = self._last[keep] if keep else None
-        self._batch = self._runner.rebuild(self._batch if keep else None, keep, new_batch)
-        self._rows = [self._rows[i] for i in keep] + admit
-        if admit:
-            new_last = self._emit_tokens(logits, admit)
-            self._last = new_last if old_last is None else torch.cat([old_last, new_last])
-        else:
-            self._last = old_last
+        for row in admit:
+            row.version = self._version
+            self._speculator.track(row.rid, row.request.group or row.rid, row.tokens, row.num_prompt)
+        logits = self._runner.prefill(num_live, [r.tokens for r in admit])
+        self._rows.extend(admit)
+        tokens, logprobs = sample(logits, *self._sampling_params(admit))
+        now = time.monotonic()
+        for row, tok, lp in zip(admit, tokens.tolist(), logprobs.tolist()):
+            self._append(row, tok, lp, now)
 
     def _pick_admissions(self, free: int) -> list[_Row]:
         admit, budget = [], self._max_prefill_tokens
         while self._waiting and len(admit) < free:
-            size = len(self._waiting[0].prompt)
+            size = len(self._waiting[0].tokens)
             if admit and size > budget:
                 break
             budget -= size
             admit.append(self._waiting.popleft())
         return admit
 
-    def _emit_tokens(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
-        """Sample one token per row of `rows` (dead rows get a pad), record it, emit events;
-        returns the tokens as the next step's input."""
-        tokens, logprobs = sample(
-            logits,
-            [r.request.temperature for r in rows],
-            [r.request.top_p for r in rows],
-            [r.generator for r in rows],
-        )
-        now = time.monotonic()
-        for row, tok, lp in zip(rows, tokens, logprobs):
-            if row.is_done:
-                continue
-            row.token_ids.append(tok)
-            row.logprobs.append(lp)
-            n = len(row.token_ids)
-            if tok in self.stop_token_ids:
-                self._finish(row, "stop", now)
-            elif n >= row.max_new:
-                self._finish(row, "length", now)
-            elif n - row.num_reported >= self._progress_every:
-                row.num_reported = n
-                self._out.put(GenerationProgress(row.request.request_id, n, now))
-        return torch.tensor(tokens, dtype=torch.long, device=self._runner.device)
+    def _append(self, row: _Row, token: int, logprob: float, now: float) -> bool:
+        """Record one generated token; finish the row on a stop token or its length.  True if done."""
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        n = row.num_generated
+        if token in self.stop_token_ids:
+            self._finish(row, "stop", now)
+        elif n >= row.max_new:
+            self._finish(row, "length", now)
+        elif n - row.num_reported >= self._progress_every:
+            row.num_reported = n
+            self._out.put(GenerationProgress(row.rid, n, now))
+        return row.is_done
 
     def _finish(self, row: _Row, reason: str, now: float | None = None) -> None:
         row.is_done = True
         rid = row.request.request_id
+        self._speculator.release(rid)
         self._out.put(
             GenerationResult(
                 request_id=rid,
@@ -405,7 +474,7 @@ class EmbeddedEngine:
         for row in list(self._rows) + list(self._waiting):
             if not row.is_done:
                 self._finish(row, "abort")
-        self._rows, self._waiting, self._batch = [], deque(), None
+        self._rows, self._waiting = [], deque()
         for _, _, done, error in self._weight_jobs:
             error.append(EngineFailed("the engine closed before the weight update"))
             done.set()

@@ -1,222 +1,300 @@
-"""The torch half of the embedded engine: a padded KV cache whose rows come and go, batched prefill
-and decode over an HF causal LM, and per-row sampling.  No threads and no request bookkeeping here
-(those are in `embedded.py`).
+"""The torch half of the embedded engine: a KV cache indexed by slot, batched prefill and decode
+(one token or a verified run of draft tokens per row) over an HF causal LM, and CUDA graphs for
+decode on a GPU.  No threads and no request bookkeeping here (those are in `embedded.py`).
 
 Theory of operation
-    The running batch is one tensor per layer, `[rows, kv_heads, cap, head_dim]`, with every row
-    right-aligned: row i's real tokens fill the last `row_len[i]` of the first `length` columns and
-    the columns before them are padding, masked out by a 2-D attention mask.  A decode step appends
-    one column for all rows, written in place into preallocated room (`cap` grows by doubling), so
-    a step costs no copy of the cache.  Rows that finish stay in the batch as dead rows until the
-    next `rebuild`, which copies the live rows and the freshly prefilled new rows into a new buffer,
-    right-aligned again and trimmed to the longest row.  Rebuilding is the only full copy; the
-    engine batches it (admissions and removals together) so it happens every few steps, not every
-    step.  Positions are per row (`row_len`), so padding never shifts a row's rotary positions and a
-    row's logits match an unpadded run of the same tokens up to float rounding.
+    The cache is one pair of buffers per layer, `[slots, kv_heads, length, head_dim]`, allocated
+    once for `capacity` slots.  Row i of the running batch lives in slot i, left-aligned: its
+    tokens fill columns `[0, row_len[i])` and the rest of the slot is garbage that no query can
+    see, because the attention mask lets the query at offset t of a forward attend only to columns
+    `<= row_len[i] + t`.  A forward of T tokens per row writes its keys and values in place at
+    columns `row_len[i] .. row_len[i] + T - 1` (prefill: a fresh slot from column 0), so no step
+    copies the cache.  The engine keeps its live rows in slots `0 .. n-1`: new rows are prefilled
+    straight into the next free slots, and a row that leaves is replaced by the last row, whose
+    slot is copied (`move`: one row, not the cache).  A rejected speculative draft needs no undo:
+    the row's length simply does not advance past the accepted tokens, and the next forward
+    overwrites the stale columns.
+
+    The attention itself is ours (registered as an HF attention implementation and switched on
+    only for the runner's own forwards): the model's q/k/v projections, rotary embedding and MLP
+    are untouched, the mask is the one above, and keys are read straight from the slot buffers
+    (grouped-query heads by reshaping the queries, never by copying the cache per head).
+
+    On CUDA a decode step is launch-bound for small models (one kernel launch is ~27 us and a
+    30-layer step launches hundreds), so decode forwards replay CUDA graphs: one per (rows bucket,
+    tokens per row, columns bucket), captured lazily on first use with the real inputs (the
+    warm-up therefore writes exactly the values the step needs), replayed with the inputs copied
+    into static tensors.  Padding rows of a bucket sit in free slots at length 0.  Weight updates
+    copy into the same parameter tensors, so graphs stay valid; growing the buffers drops them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import AttentionInterface
 
-_HEADROOM = 64
+log = logging.getLogger(__name__)
 
-
-class _KVLayer(DynamicLayer):
-    """One layer's keys and values in a buffer with room to grow; `update` writes in place."""
-
-    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0,
-                 reserve: int = _HEADROOM):
-        super().__init__()
-        self.buf_k, self.buf_v, self.length, self.reserve = keys, values, length, reserve
-        if keys is not None:
-            self._set_views()
-
-    def _set_views(self) -> None:
-        self.is_initialized = True
-        self.dtype, self.device = self.buf_k.dtype, self.buf_k.device
-        self.keys = self.buf_k[:, :, : self.length]
-        self.values = self.buf_v[:, :, : self.length]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        need = self.length + key_states.shape[-2]
-        if self.buf_k is None:
-            b, h, _, d = key_states.shape
-            shape = (b, h, need + self.reserve, d)
-            self.buf_k = key_states.new_zeros(shape)
-            self.buf_v = value_states.new_zeros(shape)
-        elif need > self.buf_k.shape[2]:
-            grow = max(self.buf_k.shape[2], _HEADROOM)
-            pad = self.buf_k.new_zeros(*self.buf_k.shape[:2], grow, self.buf_k.shape[3])
-            self.buf_k = torch.cat([self.buf_k, pad], dim=2)
-            self.buf_v = torch.cat([self.buf_v, pad], dim=2)
-        self.buf_k[:, :, self.length : need] = key_states
-        self.buf_v[:, :, self.length : need] = value_states
-        self.length = need
-        self._set_views()
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
+ATTENTION_NAME = "rollpacker_slots"
+_ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_MATMUL_MAX_QUERY = 16  # above this many query tokens per row (prefill), use SDPA's fused kernels
 
 
-def _cache(layers: list[_KVLayer]) -> DynamicCache:
-    cache = DynamicCache()
-    cache.layers = layers
-    cache.layer_class_to_replicate = None
-    return cache
+def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention of `query` [B, H, T, D] over `key`/`value` [B, KVH, L, D] under a bool mask
+    [B, 1, T, L]; returns [B, T, H, D] as HF attention implementations do."""
+    b, h, t, d = query.shape
+    kvh, length = key.shape[1], key.shape[2]
+    scale = scaling if scaling is not None else d ** -0.5
+    if t > _MATMUL_MAX_QUERY or getattr(module, "_rollpacker_sdpa", False):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scale, enable_gqa=h != kvh)
+        return out.transpose(1, 2), None
+    g = h // kvh
+    q = query.reshape(b, kvh, g * t, d)
+    scores = torch.matmul(q, key.transpose(-1, -2))
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        scores = scores.float()
+    scores = scores.view(b, kvh, g, t, length) * scale
+    scores = scores.masked_fill(~attention_mask[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kvh, g * t, length)
+    out = torch.matmul(probs, value).view(b, h, t, d)
+    return out.transpose(1, 2), None
 
 
-class Batch:
-    """The running rows' KV cache, attention mask and positions (torch state only)."""
+AttentionInterface.register(ATTENTION_NAME, _slot_attention)
 
-    def __init__(self, layers: list[_KVLayer], mask: torch.Tensor, row_len: torch.Tensor):
-        self.layers = layers
-        self.mask = mask  # [rows, >= length] int64, 1 on real tokens
-        self.row_len = row_len  # [rows] int64, real tokens in the cache per row
 
-    @property
-    def num_rows(self) -> int:
-        return int(self.row_len.shape[0])
+class SlotCache:
+    """Per-layer slot buffers and the plan of the forward in flight (which slots, which columns).
+    HF decoder layers call `update(keys, values, layer)` and attend over what it returns."""
+
+    def __init__(self, num_layers: int, slots: int, kv_heads: int, head_dim: int, length: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (slots, kv_heads, length, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lo = self.hi = self.read_len = 0
+        self.rows: torch.Tensor | None = None  # [B, T] row index of each written token
+        self.cols: torch.Tensor | None = None  # [B, T] column of each written token
 
     @property
     def length(self) -> int:
-        return self.layers[0].length
+        return self.keys[0].shape[2]
+
+    @property
+    def num_slots(self) -> int:
+        return self.keys[0].shape[0]
+
+    def plan(self, lo: int, hi: int, cols: torch.Tensor, read_len: int) -> None:
+        self.lo, self.hi, self.read_len, self.cols = lo, hi, read_len, cols
+        self.rows = torch.arange(hi - lo, device=cols.device).view(-1, 1).expand_as(cols)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        k = self.keys[layer_idx][self.lo : self.hi]
+        v = self.values[layer_idx][self.lo : self.hi]
+        k[self.rows, :, self.cols] = key_states.transpose(1, 2)
+        v[self.rows, :, self.cols] = value_states.transpose(1, 2)
+        return k[:, :, : self.read_len], v[:, :, : self.read_len]
+
+    def grown(self, length: int) -> "SlotCache":
+        """A copy with `length` columns per slot (the old columns kept)."""
+        ref = self.keys[0]
+        new = SlotCache(len(self.keys), ref.shape[0], ref.shape[1], ref.shape[3], length, ref.dtype, ref.device)
+        for old, fresh in zip(self.keys + self.values, new.keys + new.values):
+            fresh[:, :, : old.shape[2]] = old
+        return new
+
+    def move(self, src: int, dst: int, num_cols: int) -> None:
+        for buf in self.keys + self.values:
+            buf[dst, :, :num_cols] = buf[src, :, :num_cols]
+
+
+class _Graph:
+    """One captured decode forward with its static inputs and output."""
+
+    def __init__(self, graph, ids, base, logits):
+        self.graph, self.ids, self.base, self.logits = graph, ids, base, logits
 
 
 class Runner:
-    """Prefill, decode and sampling for one HF causal LM."""
+    """Prefill, decode and verify forwards over one HF causal LM and its slot cache.
 
-    def __init__(self, model, pad_token_id: int):
+    attention: "matmul" (our grouped matmul kernel, graph-friendly) or "sdpa" (torch's fused
+    kernels) for decode; prefill always uses SDPA.  use_graphs: capture decode in CUDA graphs
+    (None: on CUDA only).  col_multiple: the columns a decode attends to are rounded up to this
+    (a graph is reused for every length in its bucket).
+    """
+
+    def __init__(self, model, pad_token_id: int, capacity: int, *, attention: str = "matmul",
+                 use_graphs: bool | None = None, col_multiple: int | None = None) -> None:
+        if attention not in ("matmul", "sdpa"):
+            raise ValueError(f"attention must be 'matmul' or 'sdpa', got {attention!r}")
         self.model = model
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
         self.device = next(model.parameters()).device
-        self.num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        self.dtype = next(model.parameters()).dtype
+        config = model.config.get_text_config(decoder=True)
+        self.num_layers = config.num_hidden_layers
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.pad_token_id = pad_token_id
+        self.capacity = capacity
+        self.attention = attention
+        self.is_cuda = self.device.type == "cuda"
+        self.use_graphs = self.is_cuda if use_graphs is None else use_graphs
+        self.col_multiple = col_multiple or (256 if self.is_cuda else 16)
+        self.cache: SlotCache | None = None
+        self._graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._pool = None
 
-    # -- forward passes ---------------------------------------------------------------------------
+    # -- memory ------------------------------------------------------------------------------------
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * torch.tensor([], dtype=self.dtype).element_size()
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], reserve: int = _HEADROOM) -> tuple[Batch, torch.Tensor]:
-        """Left-padded batched prefill of `prompts`; returns the new rows' batch and the logits of
-        their next token, `[rows, vocab]` float32."""
+    def reserve(self, num_cols: int) -> None:
+        """Make every slot hold at least `num_cols` columns (grows by doubling; drops graphs)."""
+        if self.cache is not None and self.cache.length >= num_cols:
+            return
+        step = 64
+        length = max(num_cols, 2 * self.cache.length if self.cache is not None else 0)
+        length = -(-length // step) * step
+        if self.cache is None:
+            self.cache = SlotCache(self.num_layers, self.capacity, self.kv_heads, self.head_dim, length,
+                                   self.dtype, self.device)
+        else:
+            self.cache = self.cache.grown(length)
+        self._graphs.clear()
+
+    def release(self) -> None:
+        """Give the cache's memory back (the engine is idle)."""
+        self.cache = None
+        self._graphs.clear()
+        self._pool = None
+
+    @torch.inference_mode()
+    def move(self, src: int, dst: int, num_cols: int) -> None:
+        self.cache.move(src, dst, num_cols)
+
+    # -- forwards ----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
+        """Write `prompts` into slots `first_slot ..` from column 0; returns the logits of each
+        prompt's next token, `[rows, vocab]` float32."""
         longest = max(len(p) for p in prompts)
+        self.reserve(longest)
         ids = torch.full((len(prompts), longest), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), longest), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, longest - len(p) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        layers = [_KVLayer(reserve=reserve) for _ in range(self.num_layers)]
-        out = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=positions.to(self.device),
-            past_key_values=_cache(layers),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        row_len = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device)
-        return Batch(layers, mask.to(self.device), row_len), out.logits[:, -1, :].float()
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        base = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
+        hidden = self._hidden(first_slot, ids.to(self.device), base, longest)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        picked = hidden[torch.arange(len(prompts), device=self.device), last]
+        return self.lm_head(picked).float()
 
     @torch.inference_mode()
-    def decode(self, batch: Batch, last_tokens: torch.Tensor) -> torch.Tensor:
-        """One step for every row: feed `last_tokens` `[rows]`, return next-token logits."""
-        length = batch.length
-        if batch.mask.shape[1] < length + 1:
-            grow = max(batch.mask.shape[1], _HEADROOM)
-            batch.mask = torch.cat([batch.mask, batch.mask.new_zeros(batch.num_rows, grow)], dim=1)
-        batch.mask[:, length] = 1
-        out = self.model(
-            input_ids=last_tokens.view(-1, 1).to(self.device),
-            attention_mask=batch.mask[:, : length + 1],
-            position_ids=batch.row_len.view(-1, 1),
-            past_key_values=_cache(batch.layers),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        batch.row_len += 1
-        return out.logits[:, -1, :].float()
+    def decode(self, tokens: torch.Tensor, row_len: list[int]) -> torch.Tensor:
+        """One forward of `tokens` [n, T] for the rows in slots 0..n-1, whose caches hold
+        `row_len` tokens; returns next-token logits `[n, T, vocab]` float32."""
+        n, t = tokens.shape
+        read_len = self._round_cols(max(row_len) + t)
+        self.reserve(read_len)
+        base = torch.tensor(row_len, dtype=torch.long, device=self.device)
+        tokens = tokens.to(self.device)
+        if self.use_graphs:
+            return self._replay(tokens, base, read_len)
+        return self._logits(0, tokens, base, read_len)
 
-    @staticmethod
-    def rebuild(old: Batch | None, keep: list[int], new: Batch | None, reserve: int = _HEADROOM) -> Batch:
-        """A batch of `old`'s rows `keep` (in that order) followed by all rows of `new`,
-        right-aligned and trimmed to the longest row."""
-        parts = []
-        if old is not None and keep:
-            idx = torch.tensor(keep, dtype=torch.long, device=old.row_len.device)
-            parts.append((old, idx, int(old.row_len[idx].max())))
-        if new is not None:
-            parts.append((new, None, int(new.row_len.max())))
-        assert parts, "rebuild needs at least one row"
-        width = max(span for _, _, span in parts)
-        rows = sum(int(i.shape[0]) if i is not None else b.num_rows for b, i, _ in parts)
-        ref = parts[0][0].layers
-        layers = []
-        for li in range(len(ref)):
-            k0 = ref[li].buf_k
-            shape = (rows, k0.shape[1], width + reserve, k0.shape[3])
-            buf_k, buf_v = k0.new_zeros(shape), k0.new_zeros(shape)
-            start = 0
-            for b, idx, span in parts:
-                src = b.layers[li]
-                sk = src.buf_k[:, :, src.length - span : src.length]
-                sv = src.buf_v[:, :, src.length - span : src.length]
-                if idx is not None:
-                    sk, sv = sk.index_select(0, idx), sv.index_select(0, idx)
-                n = sk.shape[0]
-                buf_k[start : start + n, :, width - span : width] = sk
-                buf_v[start : start + n, :, width - span : width] = sv
-                start += n
-            layers.append(_KVLayer(buf_k, buf_v, width, reserve))
-        mask = torch.zeros((rows, width + reserve), dtype=torch.long, device=ref[0].buf_k.device)
-        lens, start = [], 0
-        for b, idx, span in parts:
-            m = b.mask[:, b.length - span : b.length]
-            rl = b.row_len
-            if idx is not None:
-                m, rl = m.index_select(0, idx), rl.index_select(0, idx)
-            mask[start : start + m.shape[0], width - span : width] = m
-            lens.append(rl)
-            start += m.shape[0]
-        return Batch(layers, mask, torch.cat(lens))
+    def _round_cols(self, n: int) -> int:
+        m = self.col_multiple
+        return -(-n // m) * m
 
+    def _logits(self, lo: int, ids: torch.Tensor, base: torch.Tensor, read_len: int) -> torch.Tensor:
+        return self.lm_head(self._hidden(lo, ids, base, read_len)).float()
 
-@torch.inference_mode()
-def sample(
-    logits: torch.Tensor,
-    temperature: list[float],
-    top_p: list[float],
-    generators: list[torch.Generator | None],
-) -> tuple[list[int], list[float]]:
-    """Next token and its log-prob for each row.  Temperature 0 is greedy (argmax; log-prob under the
-    unscaled distribution).  Otherwise the token is drawn from softmax(logits / T) restricted to the
-    top-p nucleus with the row's own generator, and its log-prob is under softmax(logits / T) (the
-    policy at that temperature, before the nucleus cut, as a trainer recomputes it)."""
-    temps = torch.tensor([t if t > 0 else 1.0 for t in temperature], dtype=logits.dtype, device=logits.device)
-    logp = torch.log_softmax(logits / temps.view(-1, 1), dim=-1)
-    tokens = logits.argmax(dim=-1).tolist()
-    sampled = [i for i, t in enumerate(temperature) if t > 0]
-    if sampled:
-        probs = logp[sampled].exp()
-        cut = [j for j, i in enumerate(sampled) if top_p[i] < 1.0]
-        if cut:
-            sub = probs[cut]
-            sorted_p, order = sub.sort(dim=-1, descending=True)
-            limits = torch.tensor([top_p[sampled[j]] for j in cut], dtype=sub.dtype, device=sub.device)
-            # keep a token if the mass strictly before it is below top_p (the first always stays)
-            drop = (sorted_p.cumsum(-1) - sorted_p) >= limits.view(-1, 1)
-            sorted_p = sorted_p.masked_fill(drop, 0.0)
-            probs[cut] = torch.zeros_like(sub).scatter(-1, order, sorted_p)
-        # Inverse-CDF sampling: one uniform draw per row from the row's own generator, then a
-        # batched cumsum + searchsorted (torch.multinomial per row cost ~30x more here).
-        cdf = probs.cumsum(dim=-1)
-        u = torch.stack([torch.rand((), generator=generators[i], device=cdf.device) for i in sampled])
-        u = u.to(cdf.dtype) * cdf[:, -1]
-        picked = torch.searchsorted(cdf, u.view(-1, 1), right=True).clamp_(max=cdf.shape[1] - 1)
-        for j, i in enumerate(sampled):
-            tokens[i] = int(picked[j])
-    rows = torch.arange(len(tokens), device=logits.device)
-    chosen = logp[rows, torch.tensor(tokens, device=logits.device)].tolist()
-    return tokens, chosen
+    def _hidden(self, lo: int, ids: torch.Tensor, base: torch.Tensor, read_len: int) -> torch.Tensor:
+        """Hidden states of `ids` [B, T] for slots lo..lo+B-1 whose caches hold `base` tokens."""
+        b, t = ids.shape
+        offsets = torch.arange(t, device=ids.device)
+        positions = base.view(-1, 1) + offsets
+        cols = torch.arange(read_len, device=ids.device)
+        mask = (cols.view(1, 1, -1) <= positions.view(b, t, 1)).view(b, 1, t, read_len)
+        self.cache.plan(lo, lo + b, positions, read_len)
+        with self._own_attention():
+            out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               past_key_values=self.cache, use_cache=True)
+        return out.last_hidden_state
+
+    @contextlib.contextmanager
+    def _own_attention(self):
+        config = self.model.config
+        before = config._attn_implementation
+        config._attn_implementation = ATTENTION_NAME
+        sdpa = self.attention == "sdpa"
+        layers = [m for m in self.model.modules() if hasattr(m, "layer_idx")] if sdpa else []
+        for m in layers:
+            m._rollpacker_sdpa = True
+        try:
+            yield
+        finally:
+            config._attn_implementation = before
+            for m in layers:
+                m._rollpacker_sdpa = False
+
+    # -- CUDA graphs -------------------------------------------------------------------------------
+
+    def _bucket(self, n: int) -> int:
+        for size in _ROW_BUCKETS:
+            if size >= n:
+                return min(size, self.capacity)
+        return self.capacity
+
+    def _replay(self, tokens: torch.Tensor, base: torch.Tensor, read_len: int) -> torch.Tensor:
+        n, t = tokens.shape
+        rows = self._bucket(n)
+        key = (rows, t, read_len)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture(rows, tokens, base, read_len)
+            if graph is None:  # capture failed: this runner decodes eagerly from now on
+                return self._logits(0, tokens, base, read_len)
+            self._graphs[key] = graph
+        else:
+            graph.ids[:n].copy_(tokens)
+            graph.ids[n:].fill_(self.pad_token_id)
+            graph.base[:n].copy_(base)
+            graph.base[n:].zero_()
+            graph.graph.replay()
+        return graph.logits[:n]
+
+    def _capture(self, rows: int, tokens, base, read_len: int) -> _Graph | None:
+        n, t = tokens.shape
+        ids = torch.full((rows, t), self.pad_token_id, dtype=torch.long, device=self.device)
+        static_base = torch.zeros(rows, dtype=torch.long, device=self.device)
+        ids[:n].copy_(tokens)
+        static_base[:n].copy_(base)
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up: the real step (idempotent writes)
+                self._logits(0, ids, static_base, read_len)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = self._logits(0, ids, static_base, read_len)
+        except Exception as exc:  # noqa: BLE001 - an uncapturable model still decodes, eagerly
+            log.warning("CUDA graph capture failed (%s); decoding eagerly", exc)
+            self.use_graphs = False
+            self._graphs.clear()
+            return None
+        graph.replay()
+        return _Graph(graph, ids, static_base, logits)

@@ -24,6 +24,12 @@ class LaunchRequest:
     policy_version: int
     resume: tuple[Segment, ...] = ()
 
+    @property
+    def sibling_group(self) -> str:
+        """The same for every request of this prompt (any epoch, any round): their responses are
+        siblings, which an engine may use as speculative drafts for each other."""
+        return f"p{self.prompt.index}"
+
 
 @frozen
 class AbortRequest:

@@ -44,6 +44,9 @@ class GenerationRequest:
     top_p: float = field(default=1.0, validator=[gt(0.0)])
     seed: int | None = None
     resume_ids: tuple[int, ...] = ()
+    group: str | None = None
+    """Requests with the same group are samples of the same prompt (siblings); an engine may use
+    their text to draft speculative tokens for each other.  None: no siblings known."""
 
 
 @frozen
