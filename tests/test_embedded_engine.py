@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from devices import DEVICES
 
 from rollpacker.backends.embedded import EmbeddedEngine, UnknownRequest
 from rollpacker.backends.models import ModelError, load_model, resolve_model, tiny_random_llama
@@ -44,15 +45,16 @@ def prompt_ids(tokenizer, text):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spec_max_rows", [0, 2])
-def test_greedy_equals_transformers_generate_on_default_model(spec_max_rows):
-    model, tokenizer = load_model(None)
+def test_greedy_equals_transformers_generate_on_default_model(spec_max_rows, device):
+    model, tokenizer = load_model(None, device=device)
     texts = ["What is 2+3?", "Name three colors of the rainbow, please.", "Write a haiku about the sea at night."]
     prompts = [prompt_ids(tokenizer, t) for t in texts]
     expected = []
     for p in prompts:
         with torch.inference_mode():
-            out = model.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False,
+            out = model.generate(torch.tensor([p], device=device), max_new_tokens=24, do_sample=False,
                                  output_logits=True, return_dict_in_generate=True)
         ids = out.sequences[0, len(p):].tolist()
         lps = [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(out.logits, ids)]

@@ -12,13 +12,15 @@ import time
 import pytest
 import torch
 
+from devices import DEVICES
+
 from rollpacker.backends.embedded import EmbeddedEngine
 from rollpacker.core.protocols import GenerationRequest, GenerationResult
 
 VOCAB, PROMPT, NEW = 6, (1, 2, 3, 1, 2), 4
 
 
-def tiny_peaked_model(dtype=torch.float64):
+def tiny_peaked_model(device: str = "cpu", dtype=torch.float64):
     """A 2-layer Llama with a 6-token vocabulary and large weights: peaked, prefix-dependent
     next-token distributions whose whole joint over a few tokens can be enumerated."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -30,14 +32,14 @@ def tiny_peaked_model(dtype=torch.float64):
     model = LlamaForCausalLM(config).to(dtype)
     with torch.no_grad():
         model.lm_head.weight.mul_(40.0)
-    return model.eval()
+    return model.to(device).eval()
 
 
 def exact_joint(model, prompt, num_new, temperature=1.0) -> dict[tuple[int, ...], float]:
     """P(t1..tn | prompt) for every sequence, from full forwards of every prefix."""
     probs = {}
     seqs = list(itertools.product(range(VOCAB), repeat=num_new))
-    ids = torch.tensor([list(prompt) + list(s) for s in seqs])
+    ids = torch.tensor([list(prompt) + list(s) for s in seqs], device=model.device)
     with torch.inference_mode():
         logp = torch.log_softmax(model(ids).logits.double() / temperature, -1)
     for i, s in enumerate(seqs):
@@ -85,9 +87,10 @@ def sample_sequences(model, n, *, spec_max_rows, temperature=1.0, top_p=1.0):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spec_max_rows", [0, 64])
-def test_sampled_sequences_follow_the_model_distribution(spec_max_rows):
-    model = tiny_peaked_model()
+def test_sampled_sequences_follow_the_model_distribution(spec_max_rows, device):
+    model = tiny_peaked_model(device)
     n = 6000
     seqs, stats = sample_sequences(model, n, spec_max_rows=spec_max_rows)
     observed = {}
@@ -100,8 +103,9 @@ def test_sampled_sequences_follow_the_model_distribution(spec_max_rows):
 
 
 @pytest.mark.timeout(300)
-def test_seeded_tokens_do_not_depend_on_speculation():
-    model = tiny_peaked_model()
+@pytest.mark.parametrize("device", DEVICES)
+def test_seeded_tokens_do_not_depend_on_speculation(device):
+    model = tiny_peaked_model(device)
     off, _ = sample_sequences(model, 300, spec_max_rows=0, top_p=0.9)
     on, stats = sample_sequences(model, 300, spec_max_rows=64, top_p=0.9)
     assert stats.num_accepted > 0

@@ -87,6 +87,11 @@ class RunConfig:
     """URLs of running SGLang (or `rollpacker serve`) servers, for --rollout sglang."""
     engine_capacity: int = 32
     """Embedded engine: most sequences decoded at once."""
+    spec_max_rows: int = 4
+    """Embedded engine: speculative decoding (drafts from the request's own text and its sibling
+    samples', verified losslessly) when at most this many rows run; 0 turns it off."""
+    spec_tokens: int = 4
+    """Embedded engine: draft tokens per row and verify step."""
     temperature: float = 1.0
     """Sampling temperature."""
     top_p: float = 1.0
@@ -135,6 +140,9 @@ class RunConfig:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(self, flag)}")
         if self.prompts > self.dataset_size:
             raise ConfigError(f"--prompts ({self.prompts}) is larger than --dataset-size ({self.dataset_size})")
+        if self.spec_max_rows < 0 or self.spec_tokens < 1:
+            raise ConfigError(f"--spec-max-rows must be >= 0 and --spec-tokens >= 1, got "
+                              f"{self.spec_max_rows} and {self.spec_tokens}")
         if self.rollout == "sglang" and not self.sglang_urls:
             raise ConfigError("--rollout sglang needs --sglang-urls URL [URL ...]")
         for name in self.compare_policies():

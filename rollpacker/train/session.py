@@ -90,7 +90,8 @@ class Session:
             return SGLangEngine(list(self.config.sglang_urls), model_config_dir=self.model_dir)
         from rollpacker.backends.embedded import EmbeddedEngine
 
-        return EmbeddedEngine(model, capacity=self.config.engine_capacity, seed=self.config.seed)
+        return EmbeddedEngine(model, capacity=self.config.engine_capacity, seed=self.config.seed,
+                              spec_max_rows=self.config.spec_max_rows, spec_tokens=self.config.spec_tokens)
 
     @property
     def step(self) -> int:
@@ -113,6 +114,10 @@ class Session:
         report = self.rewards.step_report() if hasattr(self.rewards, "step_report") else None
         if report is not None:
             record.update({f"reward_{k}": v for k, v in _as_dict(report).items()})
+        spec = getattr(self.engine, "speculation_stats", None)
+        if spec is not None:  # cumulative over the run: accepted draft tokens per row and verify step
+            record.update(spec_verify_steps=spec.num_verify_steps,
+                          spec_accepted_per_verify=round(spec.accepted_per_verify, 3))
         return record
 
     def save(self) -> None:
