@@ -16,7 +16,7 @@ pytest.importorskip("torchtitan")
 from titan_tiny import make_tiny_checkpoint  # noqa: E402
 
 from rollpacker.backends.titan_config import TitanConfig  # noqa: E402
-from rollpacker.backends.titan_loss import (  # noqa: E402
+from rollpacker.backends.grpo_loss import (  # noqa: E402
     InvalidMicroBatch,
     check_micro_batch,
     grpo_token_loss,

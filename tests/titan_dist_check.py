@@ -23,7 +23,7 @@ import torch
 
 from rollpacker.backends.titan import TitanTrainer
 from rollpacker.backends.titan_config import TitanConfig
-from rollpacker.backends.titan_loss import grpo_token_loss, pack, token_logprobs_and_entropy
+from rollpacker.backends.grpo_loss import grpo_token_loss, pack, token_logprobs_and_entropy
 from rollpacker.core.protocols import MicroBatch, TrainSample
 
 LR = 3e-4

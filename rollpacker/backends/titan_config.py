@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from attrs import field, frozen
-from attrs.validators import ge, gt, in_, instance_of
 
+from rollpacker.backends.trainer_config import TrainerConfig
 from rollpacker.core.errors import ConfigError
-
-TITAN_DTYPES = ("float32", "bfloat16")
 
 
 def _degree(instance, attribute, value) -> None:
@@ -17,17 +13,11 @@ def _degree(instance, attribute, value) -> None:
         raise ConfigError(f"TitanConfig.{attribute.name} must be an int >= 1 (dp_shard may be -1), got {value!r}")
 
 
-def _betas(instance, attribute, value) -> None:
-    if len(value) != 2 or not all(0.0 <= b < 1.0 for b in value):
-        raise ConfigError(f"TitanConfig.betas must be two floats in [0, 1), got {value!r}")
-
-
 @frozen(kw_only=True)
-class TitanConfig:
-    """Everything the TorchTitan trainer needs; one instance per rank, identical on all ranks."""
+class TitanConfig(TrainerConfig):
+    """Everything the TorchTitan trainer needs; one instance per rank, identical on all ranks.
+    The optimizer, loss, dtype, seed and device fields are TrainerConfig's."""
 
-    model_dir: str = field(converter=os.fspath)
-    """A Hugging Face checkpoint directory: config.json plus *.safetensors (Llama or Qwen3)."""
     dp_shard: int = field(default=-1, validator=_degree)
     """FSDP2 shard degree; -1 takes whatever the world size leaves after tp."""
     tp: int = field(default=1, validator=_degree)
@@ -35,43 +25,10 @@ class TitanConfig:
     sequence_parallel: bool = True
     """With tp > 1, shard activations along the sequence between TP regions (sequences are
     padded to a multiple of tp)."""
-    lr: float = field(default=1e-6, validator=gt(0.0))
-    """AdamW learning rate (constant: the driver owns any schedule)."""
-    betas: tuple[float, float] = field(default=(0.9, 0.999), converter=tuple, validator=_betas)
-    """AdamW betas."""
-    eps: float = field(default=1e-8, validator=gt(0.0))
-    """AdamW epsilon."""
-    weight_decay: float = field(default=0.0, validator=ge(0.0))
-    """AdamW decoupled weight decay."""
-    max_grad_norm: float | None = field(default=1.0)
-    """Clip the global gradient norm (after division by the loss normaliser) to this; None: no
-    clipping (the norm is still reported)."""
-    clip_eps: float = field(default=0.2, validator=gt(0.0))
-    """PPO clip range: the ratio pi/pi_old is clipped to [1 - clip_eps, 1 + clip_eps_high]."""
-    clip_eps_high: float | None = None
-    """Upper clip range (DAPO's clip-higher); None: same as clip_eps."""
-    use_rollout_logprobs: bool = True
-    """Use TrainSample.old_logprobs (the rollout engine's) as the old policy when present; False
-    always takes the trainer's own log-probs under the current weights (engine numerics differ,
-    e.g. bf16 sampling against a float32 trainer)."""
-    kl_coef: float = field(default=0.0, validator=ge(0.0))
-    """Weight of the k3 KL estimate to the reference policy (the initial weights); 0 turns the
-    reference model off entirely (no second copy of the weights is built)."""
-    dtype: str = field(default="float32", validator=in_(TITAN_DTYPES))
-    """Parameter and compute dtype."""
-    seed: int = field(default=0, validator=instance_of(int))
-    """Seed of torch's RNG on every rank (the loss itself is deterministic: no dropout)."""
     max_seq_len: int | None = None
     """RoPE cache length; None: the checkpoint's max_position_embeddings."""
-    device: str | None = None
-    """"cpu" or "cuda"; None: cuda when available, else cpu."""
 
     def __attrs_post_init__(self) -> None:
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise ConfigError(f"TitanConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
-        if self.clip_eps_high is not None and not self.clip_eps_high > 0:
-            raise ConfigError(f"TitanConfig.clip_eps_high must be > 0 or None, got {self.clip_eps_high!r}")
-        if self.device not in (None, "cpu", "cuda"):
-            raise ConfigError(f"TitanConfig.device must be 'cpu', 'cuda' or None, got {self.device!r}")
+        super().__attrs_post_init__()
         if self.max_seq_len is not None and self.max_seq_len < 1:
             raise ConfigError(f"TitanConfig.max_seq_len must be >= 1, got {self.max_seq_len!r}")

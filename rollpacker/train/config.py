@@ -112,6 +112,9 @@ class RunConfig:
     """DAPO: drop groups whose rewards all agree."""
     micro_batch_tokens: int = 256
     """Most response tokens per training micro-batch."""
+    trainer: Literal["titan", "torch"] = "titan"
+    """Trainer backend: titan (TorchTitan: FSDP2 and tensor parallelism; needs torch >= 2.13) or
+    torch (plain PyTorch on the HF model, FSDP2 under --nproc; runs with torch >= 2.11)."""
     nproc: int = 1
     """Trainer processes (torchrun); rank 0 also runs rollout and scoring."""
     dp_shard: int = -1
@@ -147,6 +150,19 @@ class RunConfig:
             raise ConfigError("--rollout sglang needs --sglang-urls URL [URL ...]")
         for name in self.compare_policies():
             self.build_policy(name)  # raises ConfigError naming a bad knob
+        self._check_trainer()
+
+    def _check_trainer(self) -> None:
+        if self.trainer == "torch":
+            if self.tp != 1 or self.dp_shard not in (-1, self.nproc):
+                raise ConfigError(f"--trainer torch shards over all --nproc ranks with FSDP2 only; got --tp {self.tp} "
+                                  f"--dp-shard {self.dp_shard} (use --trainer titan for tensor parallelism)")
+            return
+        from rollpacker.backends.titan import titan_import_error
+
+        problem = titan_import_error()  # e.g. torch 2.11: fail now, not after the model loads
+        if problem is not None:
+            raise ConfigError(problem)
 
     def compare_policies(self) -> list[str]:
         if not self.compare:

@@ -138,10 +138,16 @@ class Session:
 
 
 def build_trainer(config: RunConfig, model_dir):
+    """The trainer `config.trainer` names: TorchTitan's, or plain PyTorch's on the HF model."""
+    common = dict(model_dir=str(model_dir), lr=config.lr, dtype=config.dtype, seed=config.seed,
+                  device=getattr(config, "device", None))
+    if config.trainer == "torch":
+        from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig
+
+        return TorchTrainer(TorchTrainerConfig(**common))
     from rollpacker.backends.titan import TitanConfig, TitanTrainer
 
-    return TitanTrainer(TitanConfig(model_dir=str(model_dir), lr=config.lr, dtype=config.dtype,
-                                    seed=config.seed, dp_shard=config.dp_shard, tp=config.tp))
+    return TitanTrainer(TitanConfig(**common, dp_shard=config.dp_shard, tp=config.tp))
 
 
 def follower_main(config: RunConfig) -> None:

@@ -1,4 +1,5 @@
-"""Micro-batch checks, packing, and the GRPO token loss of the TorchTitan trainer.
+"""Micro-batch checks, packing, and the GRPO token loss: the one loss module of both trainers
+(TorchTitan's in `titan`, plain PyTorch's in `torch_trainer`).
 
 Loss (per response token t of sample i, advantage A_i, token weight w_i):
 
@@ -16,6 +17,12 @@ clip inactive, gradient A_i * grad logp_t).  That is the recompute, without a se
 
 `check_micro_batch` runs before any tensor is built, on every rank alike, so a bad batch is refused
 before any collective or backward starts.
+
+`chunked_token_logprobs_and_entropy` gives the same log-probs and entropies as
+`token_logprobs_and_entropy(hidden @ W.T, targets)` without ever holding a micro-batch's logits
+whole: [tokens, vocab] float32 is 3.2 GB for 64 x 256 tokens of a 49k vocabulary.  Each chunk of
+positions is projected, reduced to two numbers per position, and recomputed in backward
+(torch.utils.checkpoint), so at most one chunk's logits are alive in either pass.
 """
 
 from __future__ import annotations
@@ -137,6 +144,27 @@ def token_logprobs_and_entropy(logits: Any, targets: Any) -> tuple[Any, Any]:
     logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
+
+
+def chunked_token_logprobs_and_entropy(hidden: Any, weight: Any, targets: Any, *, chunk_tokens: int) -> tuple[Any, Any]:
+    """`token_logprobs_and_entropy(hidden @ weight.T, targets)` computed `chunk_tokens` positions at a
+    time.  hidden [B, L, H], weight [V, H] (the LM head), targets [B, L] -> two [B, L] float32."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    rows, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    parts = [
+        checkpoint(_projected_logprobs, rows[i : i + chunk_tokens], weight, flat_targets[i : i + chunk_tokens], use_reentrant=False)
+        for i in range(0, rows.shape[0], chunk_tokens)
+    ]
+    logp, entropy = (torch.cat(p).view(targets.shape) for p in zip(*parts))
+    return logp, entropy
+
+
+def _projected_logprobs(rows: Any, weight: Any, targets: Any) -> tuple[Any, Any]:
+    return token_logprobs_and_entropy(rows @ weight.T, targets)
 
 
 def grpo_token_loss(
