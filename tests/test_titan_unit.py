@@ -1,10 +1,9 @@
 """The TorchTitan trainer in one process: bad input refused with errors that name what is wrong,
-the GRPO token loss against hand-computed values, the data-parallel split, and the KL path."""
+and the KL path.  (The loss, split and packing themselves: test_grpo_loss.py.)"""
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -13,87 +12,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
+from test_grpo_loss import ok_sample  # noqa: E402
 from titan_tiny import make_tiny_checkpoint  # noqa: E402
 
+from rollpacker.backends.grpo_loss import InvalidMicroBatch  # noqa: E402
 from rollpacker.backends.titan_config import TitanConfig  # noqa: E402
-from rollpacker.backends.grpo_loss import (  # noqa: E402
-    InvalidMicroBatch,
-    check_micro_batch,
-    grpo_token_loss,
-    pack,
-    split_for_ranks,
-)
 from rollpacker.core.errors import ConfigError  # noqa: E402
-from rollpacker.core.protocols import MicroBatch, TrainSample  # noqa: E402
-
-
-def ok_sample(**kw) -> TrainSample:
-    args = dict(prompt_ids=(1, 2), response_ids=(3, 4, 5), advantage=0.5, token_weight=1.0)
-    args.update(kw)
-    return TrainSample(**args)
-
-
-@pytest.mark.parametrize(
-    "sample, message",
-    [
-        (ok_sample(response_ids=()), "sample 0 has no response tokens"),
-        (ok_sample(prompt_ids=()), "sample 0 has an empty prompt"),
-        (ok_sample(old_logprobs=(-0.1, -0.2)), "sample 0: 2 old_logprobs for 3 response tokens"),
-        (ok_sample(advantage=float("nan")), "sample 0: advantage is nan"),
-        (ok_sample(token_weight=float("inf")), "sample 0: token_weight is inf"),
-        (ok_sample(old_logprobs=(-0.1, float("nan"), -0.3)), "old_logprobs[1] = nan"),
-        (ok_sample(old_logprobs=(-0.1, 0.5, -0.3)), "old_logprobs[1] = 0.5 is not a log-probability"),
-        (ok_sample(response_ids=(3, 999)), "token id 999 is outside the vocabulary"),
-        (ok_sample(response_ids=tuple(range(3, 40))), "exceed max_seq_len 16"),
-    ],
-)
-def test_bad_micro_batch_is_refused(sample: TrainSample, message: str) -> None:
-    with pytest.raises(InvalidMicroBatch, match=message.replace("[", r"\[").replace("]", r"\]")):
-        check_micro_batch(MicroBatch((sample,)), vocab_size=100, max_seq_len=16)
-
-
-def test_empty_micro_batch_is_refused() -> None:
-    with pytest.raises(InvalidMicroBatch, match="no samples"):
-        check_micro_batch(MicroBatch(()), vocab_size=100, max_seq_len=16)
-
-
-def test_grpo_loss_matches_hand_computation() -> None:
-    logp = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.9)]])
-    old = torch.tensor([[math.log(0.25), math.log(0.3), math.log(0.9 / 0.5)]])  # ratios 2, 1, 0.5
-    for adv, expected, clipped in [
-        # A > 0: -min(r A, clip(r) A) -> ratio 2 clipped to 1.2; ratio 0.5 stays (min takes it).
-        (1.0, [-1.2, -1.0, -0.5], [True, False, False]),
-        # A < 0: ratio 0.5 clipped to 0.8 (min of -0.5A... takes the clipped branch); ratio 2 stays.
-        (-1.0, [2.0, 1.0, 0.8], [False, False, True]),
-    ]:
-        loss, was_clipped = grpo_token_loss(logp, old, torch.tensor([[adv]]), clip_low=0.2, clip_high=0.2)
-        assert loss[0].tolist() == pytest.approx(expected, abs=1e-6)
-        assert was_clipped[0].tolist() == clipped
-
-
-def test_kl_term_is_k3_estimator() -> None:
-    logp = torch.tensor([[math.log(0.5)]])
-    ref = torch.tensor([[math.log(0.25)]])
-    loss, _ = grpo_token_loss(logp, logp, torch.tensor([[0.0]]), clip_low=0.2, clip_high=0.2, ref_logp=ref, kl_coef=0.1)
-    delta = math.log(0.25) - math.log(0.5)
-    assert loss.item() == pytest.approx(0.1 * (math.exp(delta) - delta - 1.0), abs=1e-7)
-
-
-def test_split_for_ranks_covers_every_sample_once_and_balances_tokens() -> None:
-    samples = [ok_sample(response_ids=tuple(range(3, 3 + n))) for n in (9, 1, 7, 3, 5, 2)]
-    parts = split_for_ranks(samples, 3)
-    assert sorted(i for p in parts for i in p) == list(range(6))
-    loads = [sum(len(samples[i].prompt_ids) + len(samples[i].response_ids) for i in p) for p in parts]
-    assert max(loads) - min(loads) <= 3
-    assert split_for_ranks(samples[:1], 2) == [[0], []]  # a rank may get nothing (it runs a zero-weight pass)
-
-
-def test_pack_aligns_targets_with_response_tokens() -> None:
-    packed = pack([ok_sample(), ok_sample(prompt_ids=(7,), response_ids=(8,), token_weight=2.0)], pad_multiple=4, device="cpu")
-    assert packed.input_ids.shape == (2, 4)
-    assert packed.input_ids[0].tolist() == [1, 2, 3, 4]
-    assert packed.targets[0].tolist() == [0, 3, 4, 5] and packed.mask[0].tolist() == [False, True, True, True]
-    assert packed.targets[1].tolist() == [8, 0, 0, 0] and packed.weights[1].tolist() == [2.0, 0.0, 0.0, 0.0]
+from rollpacker.core.protocols import MicroBatch  # noqa: E402
 
 
 def test_config_validates_fields() -> None:

@@ -1,0 +1,231 @@
+"""The plain PyTorch trainer (TorchTrainer) in one process, on a tiny random HF checkpoint: the
+same loss and gradients as the transformers reference and as TitanTrainer, streamed micro-batches
+summing to the full-batch gradient, bad input refused before backward, a checkpoint that restores
+weights, optimizer state and step exactly (also after a kill mid-save), and the one-line error when
+TorchTitan cannot import (torch 2.11 simulated by removing the name it misses)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from devices import DEVICES  # noqa: E402
+from test_grpo_loss import ok_sample  # noqa: E402
+from titan_dist_check import hf_reference, make_samples, max_abs_diff  # noqa: E402
+from titan_tiny import make_tiny_checkpoint  # noqa: E402
+
+from rollpacker.backends.grpo_loss import InvalidMicroBatch  # noqa: E402
+from rollpacker.backends.titan_config import TitanConfig  # noqa: E402
+from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig  # noqa: E402
+from rollpacker.core.errors import ConfigError  # noqa: E402
+from rollpacker.core.protocols import MicroBatch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAD_TOL = 1e-5  # float32, absolute (gradients here reach ~6)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "llama", family="llama", tied=True)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def samples(tiny_dir, hf_model):
+    return make_samples(320, hf_model)
+
+
+def make_trainer(model_dir, device="cpu", **kw) -> TorchTrainer:
+    kw.setdefault("logits_chunk_tokens", 7)  # several chunks per micro-batch, one cut mid-row
+    return TorchTrainer(TorchTrainerConfig(model_dir=model_dir, lr=3e-4, max_grad_norm=None, device=device, **kw))
+
+
+def stream(trainer, samples) -> float:
+    """The batch as three uneven micro-batches; the summed loss."""
+    return sum(trainer.forward_backward(MicroBatch(tuple(c))).loss_sum for c in (samples[:2], samples[2:3], samples[3:]))
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_config_validation_is_shared_and_names_the_class() -> None:
+    for cls in (TorchTrainerConfig, TitanConfig):
+        with pytest.raises(ConfigError, match=rf"{cls.__name__}\.betas must be two floats"):
+            cls(model_dir="x", betas=(0.9, 1.5))
+        with pytest.raises(ConfigError, match=rf"{cls.__name__}\.max_grad_norm must be > 0"):
+            cls(model_dir="x", max_grad_norm=0.0)
+        with pytest.raises(ConfigError, match=rf"{cls.__name__}\.device must be"):
+            cls(model_dir="x", device="tpu")
+    with pytest.raises(ConfigError, match=r"TorchTrainerConfig\.logits_chunk_tokens must be an int >= 1"):
+        TorchTrainerConfig(model_dir="x", logits_chunk_tokens=0)
+    assert TorchTrainerConfig(model_dir="x", clip_eps=0.1).clip_high == 0.1
+
+
+def test_missing_checkpoint_is_refused_before_loading(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        TorchTrainer(TorchTrainerConfig(model_dir=tmp_path / "absent"))
+
+
+# --- gradients -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_match_transformers_and_streaming_sums_to_the_full_batch(tiny_dir, hf_model, samples, device) -> None:
+    trainer = make_trainer(tiny_dir, device=device)
+    full = trainer.forward_backward(MicroBatch(tuple(samples)))
+    grads_full = trainer.gradients()
+    trainer.discard_gradients()
+    ref_loss, ref_grads = hf_reference(hf_model, samples, clip_eps=0.2)
+    assert full.loss_sum == pytest.approx(ref_loss, abs=1e-5 * max(1.0, abs(ref_loss)))
+    assert max_abs_diff(grads_full, ref_grads) <= GRAD_TOL
+    assert 0.0 < full.clip_fraction < 1.0  # the batch exercises both clip branches
+    streamed_loss = stream(trainer, samples)
+    assert streamed_loss == pytest.approx(full.loss_sum, abs=1e-5 * max(1.0, abs(full.loss_sum)))
+    assert max_abs_diff(trainer.gradients(), grads_full) <= GRAD_TOL
+
+
+@pytest.mark.timeout(120)
+def test_gradients_and_steps_equal_the_titan_trainers(tiny_dir, samples) -> None:
+    pytest.importorskip("torchtitan")
+    import torch.distributed as dist
+
+    from rollpacker.backends.titan import TitanTrainer, titan_import_error
+
+    if titan_import_error() is not None:
+        pytest.skip(titan_import_error())
+    titan = TitanTrainer(TitanConfig(model_dir=tiny_dir, lr=3e-4, max_grad_norm=None, device="cpu"))
+    ours = make_trainer(tiny_dir)
+    try:
+        for trainer in (titan, ours):
+            stream(trainer, samples)
+        assert max_abs_diff(ours.gradients(), titan.gradients()) <= GRAD_TOL
+        steps = [t.optimizer_step(30.0) for t in (titan, ours)]
+        assert steps[1].grad_norm == pytest.approx(steps[0].grad_norm, rel=1e-5)
+        exported = [t.export_weights() for t in (titan, ours)]
+        assert max_abs_diff(exported[1], exported[0]) <= 1e-6
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.timeout(60)
+def test_bad_batch_refused_before_backward(tiny_dir) -> None:
+    trainer = make_trainer(tiny_dir)
+    bad = MicroBatch((ok_sample(), ok_sample(response_ids=(3, 999))))
+    with pytest.raises(InvalidMicroBatch, match="sample 1: token id 999 is outside the vocabulary"):
+        trainer.forward_backward(bad)
+    assert all(p.grad is None for p in trainer.model.parameters())
+    with pytest.raises(ConfigError, match="loss_normalizer"):
+        trainer.optimizer_step(float("nan"))
+
+
+# --- checkpoint ------------------------------------------------------------------------------
+
+
+def _optimizer_tensors(trainer) -> dict[str, torch.Tensor]:
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    return {f"{names[id(p)]}.{k}": v.clone() for p, s in trainer.optimizer.state.items() for k, v in s.items()}
+
+
+def _next_two_losses(trainer, samples) -> list[float]:
+    first = stream(trainer, samples)
+    trainer.optimizer_step(30.0)
+    second = stream(trainer, samples)
+    trainer.discard_gradients()
+    return [first, second]
+
+
+@pytest.mark.timeout(120)
+def test_save_kill_load_restores_weights_optimizer_and_step(tiny_dir, samples, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    trainer = make_trainer(tiny_dir)
+    for _ in range(2):
+        stream(trainer, samples)
+        trainer.optimizer_step(30.0)
+    trainer.save(ckpt)
+    weights, optim, step = trainer.export_weights(), _optimizer_tensors(trainer), trainer.step
+    expected = _next_two_losses(trainer, samples)
+    stream(trainer, samples)
+    trainer.optimizer_step(30.0)
+    moved = trainer.export_weights()
+    assert max_abs_diff(moved, weights) > 0
+    # A later save killed in the middle: a half-written `.saving` directory, the old one whole.
+    (tmp_path / "ckpt.saving").mkdir()
+    (tmp_path / "ckpt.saving" / "__0_0.distcp").write_bytes(b"torn")
+
+    fresh = make_trainer(tiny_dir)  # a new process would start from the initial weights too
+    fresh.load(ckpt)
+    assert fresh.step == step == 2
+    assert max_abs_diff(fresh.export_weights(), weights) == 0.0
+    restored = _optimizer_tensors(fresh)
+    assert sorted(restored) == sorted(optim) and max_abs_diff(restored, optim) == 0.0
+    assert _next_two_losses(fresh, samples) == pytest.approx(expected, abs=1e-6, rel=0)
+    # Killed between save's two renames: only `<path>.previous` holds the checkpoint.
+    ckpt.rename(tmp_path / "ckpt.previous")
+    fresh.load(ckpt)
+    assert fresh.step == 2 and max_abs_diff(fresh.export_weights(), weights) == 0.0
+    # The next save replaces the torn `.saving`, and a Titan checkpoint is refused by name.
+    fresh.save(ckpt)
+    assert not (tmp_path / "ckpt.saving").exists() and not (tmp_path / "ckpt.previous").exists()
+    state = ckpt / "rollpacker_trainer.json"
+    state.write_text(state.read_text().replace("TorchTrainer", "TitanTrainer"))
+    with pytest.raises(ConfigError, match="written by TitanTrainer, not TorchTrainer"):
+        fresh.load(ckpt)
+
+
+# --- --trainer titan where TorchTitan cannot import ------------------------------------------
+
+_WITHOUT_TITAN_NAME = "import torch.distributed.fsdp as f; del f.DataParallelMeshDims; "  # as torch 2.11
+
+
+@pytest.mark.timeout(120)
+def test_titan_import_failure_is_one_line_before_any_model_loads(tmp_path: Path) -> None:
+    pytest.importorskip("torchtitan")
+    out = tmp_path / "run"
+    code = (_WITHOUT_TITAN_NAME + "import runpy, sys; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    args = [str(ROOT / "reference" / "train.py"), "--preset", "tiny_debug", "--model", "/nonexistent", "--out", str(out)]
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=100, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"installed torch {torch.__version__}" in lines[0] and "--trainer torch" in lines[0]
+    assert "DataParallelMeshDims" in lines[0]
+    assert "/nonexistent" not in lines[0] and not out.exists()  # failed before the model was looked up
+    print(f"\n{lines[0]}  ({time.monotonic() - start:.1f} s)")
+
+
+@pytest.mark.timeout(60)
+def test_titan_check_passes_here_and_torch_trainer_skips_it() -> None:
+    code = _WITHOUT_TITAN_NAME + (
+        "from rollpacker.train.config import RunConfig; RunConfig(trainer='torch').validate(); print('ok')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    if importlib.util.find_spec("torchtitan") is not None:  # with torch >= 2.13 TorchTitan imports
+        from rollpacker.backends.titan import titan_import_error
+
+        assert titan_import_error() is None
+    from rollpacker.train.config import RunConfig
+
+    with pytest.raises(ConfigError, match="--trainer torch shards over all --nproc ranks"):
+        RunConfig(trainer="torch", tp=2, nproc=2).validate()
