@@ -1,5 +1,5 @@
 """The TorchTitan trainer under torchrun on CPU/gloo: FSDP2, TP, FSDP2+TP against a transformers
-reference; streamed accumulation; training progress; export; checkpoint save -> kill -> resume.
+reference (and the plain PyTorch trainer with FSDP2); streamed accumulation; training progress; export; checkpoint save -> kill -> resume.
 
 Each case launches tests/titan_dist_check.py twice (train, then resume in a fresh process group)
 and asserts on the JSON it writes.  Figures are printed (run with -s to see them).
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torchtitan")
 pytest.importorskip("transformers")
 
 from titan_tiny import make_tiny_checkpoint  # noqa: E402
@@ -25,11 +24,17 @@ REPO = SCRIPT.parent.parent
 GRAD_TOL = 1e-5  # float32, absolute (gradients here reach ~6)
 
 CASES = {
-    # id: (nproc, dp_shard, tp, family, tied)
-    "fsdp2": (2, 2, 1, "llama", True),
-    "tp2": (2, 1, 2, "qwen3", False),
-    "fsdp2+tp2": (4, 2, 2, "llama", False),
+    # id: (nproc, dp_shard, tp, family, tied, trainer)
+    "fsdp2": (2, 2, 1, "llama", True, "titan"),
+    "tp2": (2, 1, 2, "qwen3", False, "titan"),
+    "fsdp2+tp2": (4, 2, 2, "llama", False, "titan"),
+    "torch-fsdp2": (2, 2, 1, "llama", True, "torch"),  # TorchTrainer: fully_shard on the HF model
 }
+
+
+def _skip_without(trainer: str) -> None:
+    if trainer == "titan":
+        pytest.importorskip("torchtitan")
 
 
 def _launch(nproc: int, args: list[str], timeout: float) -> None:
@@ -44,10 +49,11 @@ def _launch(nproc: int, args: list[str], timeout: float) -> None:
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("case", list(CASES))
 def test_titan_distributed(case: str, tmp_path: Path) -> None:
-    nproc, dp_shard, tp, family, tied = CASES[case]
+    nproc, dp_shard, tp, family, tied, trainer = CASES[case]
+    _skip_without(trainer)
     model_dir = make_tiny_checkpoint(tmp_path / "model", family=family, tied=tied)
     ckpt = tmp_path / "ckpt"
-    common = ["--model-dir", str(model_dir), "--dp-shard", str(dp_shard), "--tp", str(tp), "--ckpt", str(ckpt)]
+    common = ["--model-dir", str(model_dir), "--dp-shard", str(dp_shard), "--tp", str(tp), "--ckpt", str(ckpt), "--trainer", trainer]
     _launch(nproc, [*common, "--out", str(tmp_path / "train.json"), "--phase", "train"], timeout=90)
     _launch(nproc, [*common, "--out", str(tmp_path / "resume.json"), "--phase", "resume"], timeout=90)
     r = json.loads((tmp_path / "train.json").read_text())
@@ -81,11 +87,14 @@ def test_titan_distributed(case: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_titan_single_process_world_of_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trainer", ["titan", "torch"])
+def test_titan_single_process_world_of_one(tmp_path: Path, trainer: str) -> None:
     """Without torchrun the trainer is a world of one; same checks, plain python."""
+    _skip_without(trainer)
     model_dir = make_tiny_checkpoint(tmp_path / "model", family="qwen3", tied=True)
     out = tmp_path / "r.json"
-    cmd = [sys.executable, str(SCRIPT), "--model-dir", str(model_dir), "--ckpt", str(tmp_path / "ckpt"), "--out", str(out)]
+    cmd = [sys.executable, str(SCRIPT), "--model-dir", str(model_dir), "--ckpt", str(tmp_path / "ckpt"), "--out", str(out),
+           "--trainer", trainer]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=50)

@@ -1,4 +1,5 @@
-"""Checks of the TorchTitan trainer, run under torchrun (or plain python: a world of one).
+"""Checks of the TorchTitan trainer (or, with --trainer torch, the plain PyTorch one), run under
+torchrun (or plain python: a world of one).
 
     python -m torch.distributed.run --nproc_per_node=2 tests/titan_dist_check.py \
         --model-dir DIR --dp-shard 2 --tp 1 --out result.json --ckpt CKPT --phase train
@@ -23,6 +24,7 @@ import torch
 
 from rollpacker.backends.titan import TitanTrainer
 from rollpacker.backends.titan_config import TitanConfig
+from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig
 from rollpacker.backends.grpo_loss import grpo_token_loss, pack, token_logprobs_and_entropy
 from rollpacker.core.protocols import MicroBatch, TrainSample
 
@@ -80,15 +82,29 @@ def max_abs(a: dict[str, torch.Tensor]) -> float:
     return max(v.abs().max().item() for v in a.values())
 
 
-def titan_logits(trainer: TitanTrainer, ids: torch.Tensor) -> torch.Tensor:
+def policy_logits(trainer, ids: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     with torch.no_grad():
+        if isinstance(trainer, TorchTrainer):  # the HF model inside; FSDP's root gathered by hand
+            root = trainer.model
+            if hasattr(root, "unshard"):
+                root.unshard()
+            out = root.hf(ids).logits
+            if hasattr(root, "reshard"):
+                root.reshard()
+            return out
         out = trainer.model(ids)
     return out.full_tensor() if isinstance(out, DTensor) else out
 
 
-def two_more_steps(trainer: TitanTrainer, batch: MicroBatch, normalizer: float) -> list[float]:
+def build_trainer(args):
+    if args.trainer == "torch":
+        return TorchTrainer(TorchTrainerConfig(model_dir=args.model_dir, lr=LR, max_grad_norm=None, logits_chunk_tokens=7))
+    return TitanTrainer(TitanConfig(model_dir=args.model_dir, dp_shard=args.dp_shard, tp=args.tp, lr=LR, max_grad_norm=None))
+
+
+def two_more_steps(trainer, batch: MicroBatch, normalizer: float) -> list[float]:
     first = trainer.forward_backward(batch).loss_sum
     trainer.optimizer_step(normalizer)
     second = trainer.forward_backward(batch).loss_sum
@@ -104,25 +120,27 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--phase", choices=("train", "resume"), default="train")
+    ap.add_argument("--trainer", choices=("titan", "torch"), default="titan")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
     from transformers import AutoModelForCausalLM
 
-    config = TitanConfig(model_dir=args.model_dir, dp_shard=args.dp_shard, tp=args.tp, lr=LR, max_grad_norm=None)
-    trainer = TitanTrainer(config)
+    trainer = build_trainer(args)
     hf = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     samples = make_samples(trainer.vocab_size, hf)
     full = MicroBatch(tuple(samples))
     normalizer = float(sum(len(s.response_ids) for s in samples))
-    result: dict = {"world_size": torch.distributed.get_world_size(), "dp_shard": trainer.dp_size, "tp": args.tp}
+    dist = torch.distributed
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    result: dict = {"world_size": world, "dp_shard": trainer.dp_size, "tp": args.tp}
 
     if args.phase == "train":
         # 1. Full batch vs the transformers reference.
         stats = trainer.forward_backward(full)
         grads_full = trainer.gradients()
         trainer.discard_gradients()
-        ref_loss, ref_grads = hf_reference(hf, samples, config.clip_eps)
+        ref_loss, ref_grads = hf_reference(hf, samples, trainer.config.clip_eps)
         result.update(
             loss=stats.loss_sum,
             ref_loss=ref_loss,
@@ -160,7 +178,7 @@ def main() -> None:
         probe = torch.tensor([[s % trainer.vocab_size for s in range(3, 3 + 16)], [7] * 16])
         with torch.no_grad():
             hf_logits = hf(probe).logits
-        result["export_logits_max_abs_diff"] = (hf_logits - titan_logits(trainer, probe)).abs().max().item()
+        result["export_logits_max_abs_diff"] = (hf_logits - policy_logits(trainer, probe)).abs().max().item()
         # 5. Save, then the next two steps' losses; exit without cleanup.
         trainer.save(args.ckpt)
         result["step_at_save"] = trainer.step
@@ -170,10 +188,11 @@ def main() -> None:
         result["step_at_load"] = trainer.step
         result["next_losses"] = two_more_steps(trainer, full, normalizer)
 
-    if torch.distributed.get_rank() == 0:
+    if rank == 0:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    torch.distributed.barrier()
+    if dist.is_initialized():
+        dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # as if killed: no process-group teardown, no destructor
 
