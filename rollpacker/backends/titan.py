@@ -48,6 +48,7 @@ def titan_import_error() -> str | None:
             importlib.import_module(name)
     except ImportError as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = reason.replace(f" ({exc.path})", "") if exc.path else reason  # the module's file: noise
         return (f"the TorchTitan trainer cannot run with the installed torch {torch.__version__} ({reason}); "
                 f"torchtitan 0.3.0 needs torch>=2.13: install it, or pass --trainer torch (the plain PyTorch trainer)")
     return None
