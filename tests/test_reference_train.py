@@ -1,6 +1,6 @@
 """reference/train.py end to end on a tiny random Llama (real engine, real reward workers, real
-TorchTitan trainer): a 2-step run, a kill mid-run and --resume, bad input, and the engine holding
-the trainer's weights after a sync."""
+TorchTitan or plain PyTorch trainer): a 2-step run, a kill mid-run and --resume, bad input, and the
+engine holding the trainer's weights after a sync."""
 
 from __future__ import annotations
 
@@ -37,10 +37,20 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+TRAINERS = ("titan", "torch")  # --trainer: TorchTitan, or plain PyTorch on the HF model
+TRAINER_CLASS = {"titan": "TitanTrainer", "torch": "TorchTrainer"}
+
+
+def trainer_state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "state" / "trainer" / "rollpacker_trainer.json").read_text())
+
+
 @pytest.mark.timeout(300)
-def test_two_step_run_writes_every_output(tiny_model, tmp_path):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_two_step_run_writes_every_output(tiny_model, tmp_path, trainer):
     out = tmp_path / "run"
-    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 2)
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 2, "--trainer", trainer)
+    assert trainer_state(out)["trainer"] == TRAINER_CLASS[trainer] and trainer_state(out)["step"] == 2
     rs = records(out)
     assert [r["step"] for r in rs] == [0, 1]
     for r in rs:
@@ -109,15 +119,28 @@ def test_bad_input_fails_fast_with_a_clear_message(tmp_path, args, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+def trainer_and_logits(kind: str, model_dir):
+    """A trainer of `kind` and a function giving its policy's logits."""
+    if kind == "torch":
+        from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig
+
+        trainer = TorchTrainer(TorchTrainerConfig(model_dir=str(model_dir), lr=1e-2, max_grad_norm=None))
+        return trainer, lambda ids: trainer.model.hf(ids).logits
+    from rollpacker.backends.titan import TitanConfig, TitanTrainer
+
+    trainer = TitanTrainer(TitanConfig(model_dir=str(model_dir), lr=1e-2, max_grad_norm=None))
+    return trainer, trainer.model
+
+
 @pytest.mark.timeout(180)
-def test_engine_logits_match_the_trainer_after_a_weight_sync(tiny_model):
+@pytest.mark.parametrize("trainer_kind", TRAINERS)
+def test_engine_logits_match_the_trainer_after_a_weight_sync(tiny_model, trainer_kind):
     import torch
 
     from rollpacker.backends.embedded import EmbeddedEngine
-    from rollpacker.backends.titan import TitanConfig, TitanTrainer
     from rollpacker.core.protocols import MicroBatch, TrainSample
 
-    trainer = TitanTrainer(TitanConfig(model_dir=str(tiny_model), lr=1e-2, max_grad_norm=None))
+    trainer, trainer_logits = trainer_and_logits(trainer_kind, tiny_model)
     engine = EmbeddedEngine(str(tiny_model), capacity=4)
     try:
         batch = MicroBatch((TrainSample((1, 2, 3, 4), (5, 6, 7), 1.0, 1.0), TrainSample((8, 9), (10, 11), -1.0, 1.0)))
@@ -131,22 +154,25 @@ def test_engine_logits_match_the_trainer_after_a_weight_sync(tiny_model):
         engine.resume()
         with torch.no_grad():
             after = engine.model(ids).logits
-            titan_logits = trainer.model(ids)
+            policy_logits = trainer_logits(ids)
         assert (after - before).abs().max() > 1e-3, "the update did not change the engine"
-        assert (after - titan_logits).abs().max().item() < 1e-4
+        assert (after - policy_logits).abs().max().item() < 1e-4
     finally:
         engine.close()
 
 
 @pytest.mark.timeout(300)
-def test_nproc_2_trains_with_an_fsdp2_trainer_under_torchrun(tiny_model, tmp_path):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_nproc_2_trains_with_an_fsdp2_trainer_under_torchrun(tiny_model, tmp_path, trainer):
     """--nproc 2 re-launches under torchrun: rank 0 drives rollout and scoring, both ranks train."""
     out = tmp_path / "run"
-    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1, "--nproc", 2)
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1, "--nproc", 2,
+                     "--trainer", trainer)
     rs = records(out)
     assert [r["step"] for r in rs] == [0] and rs[0]["trained_prompts"] == 2
-    state = json.loads((out / "state" / "trainer" / "rollpacker_trainer.json").read_text())
-    assert state["dp_shard"] == 2 and state["step"] == 1
+    state = trainer_state(out)
+    assert state["trainer"] == TRAINER_CLASS[trainer] and state["step"] == 1
+    assert state.get("dp_shard", state.get("world_size")) == 2
     assert "outputs in" in proc.stdout
 
 
