@@ -51,8 +51,8 @@ def samples(tiny_dir, hf_model):
 
 
 def make_trainer(model_dir, device="cpu", **kw) -> TorchTrainer:
-    kw.setdefault("logits_chunk_tokens", 7)  # several chunks per micro-batch, one cut mid-row
-    return TorchTrainer(TorchTrainerConfig(model_dir=model_dir, lr=3e-4, max_grad_norm=None, device=device, **kw))
+    kw = {"lr": 3e-4, "max_grad_norm": None, "logits_chunk_tokens": 7, **kw}  # 7: chunks cut mid-row
+    return TorchTrainer(TorchTrainerConfig(model_dir=model_dir, device=device, **kw))
 
 
 def stream(trainer, samples) -> float:
@@ -133,6 +133,19 @@ def test_bad_batch_refused_before_backward(tiny_dir) -> None:
     assert all(p.grad is None for p in trainer.model.parameters())
     with pytest.raises(ConfigError, match="loss_normalizer"):
         trainer.optimizer_step(float("nan"))
+
+
+@pytest.mark.timeout(60)
+def test_kl_to_the_frozen_reference_is_zero_at_start_and_grows_after_a_step(tiny_dir) -> None:
+    trainer = make_trainer(tiny_dir, kl_coef=0.5, lr=1e-2)
+    assert all(not p.requires_grad for p in trainer.ref_model.parameters())
+    batch = MicroBatch((ok_sample(advantage=1.0), ok_sample(prompt_ids=(9, 8, 7), response_ids=(6,), advantage=-1.0)))
+    first = trainer.forward_backward(batch)
+    assert first.loss_sum == pytest.approx(-3.0 + 1.0, abs=1e-6)  # ratio 1, KL 0: -sum_t w A
+    trainer.optimizer_step(float(first.num_tokens))
+    second = trainer.forward_backward(batch)
+    trainer.discard_gradients()
+    assert second.loss_sum > first.loss_sum + 1e-9  # ratio still 1 (old = current): the change is the KL
 
 
 # --- checkpoint ------------------------------------------------------------------------------
