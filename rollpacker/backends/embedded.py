@@ -96,7 +96,8 @@ class EmbeddedEngine:
     rows are running, admit waiting requests once this share of the running rows' count can be
     admitted together (prefill is batched), or when every waiting request fits.
     max_prefill_tokens: prompt tokens admitted per prefill (at least one request).
-    attention: "matmul" or "sdpa" for decode (see `embedded_runner`).  cuda_graphs: None = on
+    attention: "matmul" or "sdpa" for decode (see `embedded_runner`); None: sdpa on CPU (measured
+    faster there), matmul on CUDA (graph-friendly, no per-head copy of the cache).  cuda_graphs: None = on
     CUDA.  spec_max_rows: speculative decoding when at most this many rows run (0: off);
     spec_tokens: draft tokens per row and verify step; spec_ngram: longest suffix matched.
     """
@@ -114,7 +115,7 @@ class EmbeddedEngine:
         max_prefill_tokens: int = 8192,
         seed: int = 0,
         weight_version: int = 0,
-        attention: str = "matmul",
+        attention: str | None = None,
         cuda_graphs: bool | None = None,
         spec_max_rows: int = 4,
         spec_tokens: int = 4,
@@ -126,8 +127,8 @@ class EmbeddedEngine:
             raise ConfigError(f"progress_every must be >= 1, got {progress_every}")
         if not 0.0 <= admit_fraction <= 1.0:
             raise ConfigError(f"admit_fraction must be in [0, 1], got {admit_fraction}")
-        if attention not in ("matmul", "sdpa"):
-            raise ConfigError(f"attention must be 'matmul' or 'sdpa', got {attention!r}")
+        if attention not in (None, "matmul", "sdpa"):
+            raise ConfigError(f"attention must be 'matmul' or 'sdpa' (None: by device), got {attention!r}")
         self._speculator = Speculator(max_rows=spec_max_rows, num_tokens=spec_tokens, ngram=spec_ngram)
         if model is None or isinstance(model, (str, os.PathLike)):
             model, _ = load_model(model, dtype=dtype, device=device)
@@ -140,6 +141,8 @@ class EmbeddedEngine:
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         self.stop_token_ids = frozenset(eos_ids if stop_token_ids is None else stop_token_ids)
         pad = config.pad_token_id if config.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
+        if attention is None:
+            attention = "matmul" if next(model.parameters()).device.type == "cuda" else "sdpa"
         self._runner = Runner(model, pad_token_id=int(pad), capacity=capacity, attention=attention,
                               use_graphs=cuda_graphs)
         self._capacity = capacity
@@ -386,11 +389,13 @@ class EmbeddedEngine:
                 [lp[: a + 1] for lp, a in zip(logprobs, accepted)])
 
     def _sampling_params(self, rows: list[_Row]) -> tuple[torch.Tensor, ...]:
-        """(temperature, top_p, seed, counter) per row, on the model's device."""
+        """(temperature, top_p, seed, counter) per row, on the model's device; top_p is None
+        when no row cuts a nucleus (saves sorting the vocabulary)."""
         device = self._runner.device
+        top_p = [r.request.top_p for r in rows]
         return (
             torch.tensor([r.request.temperature for r in rows], dtype=torch.float32, device=device),
-            torch.tensor([r.request.top_p for r in rows], dtype=torch.float32, device=device),
+            torch.tensor(top_p, dtype=torch.float32, device=device) if min(top_p) < 1.0 else None,
             torch.tensor([r.seed for r in rows], dtype=torch.long, device=device),
             torch.tensor([r.num_generated for r in rows], dtype=torch.long, device=device),
         )

@@ -148,6 +148,9 @@ class Runner:
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = self.is_cuda if use_graphs is None else use_graphs
         self.col_multiple = col_multiple or (256 if self.is_cuda else 16)
+        for module in model.modules():  # read only by our attention function
+            if hasattr(module, "layer_idx"):
+                module._rollpacker_sdpa = attention == "sdpa"
         self.cache: SlotCache | None = None
         self._graphs: dict[tuple[int, int, int], _Graph] = {}
         self._pool = None
@@ -234,19 +237,14 @@ class Runner:
 
     @contextlib.contextmanager
     def _own_attention(self):
+        """Our attention for this forward only (the model may be used elsewhere too)."""
         config = self.model.config
         before = config._attn_implementation
         config._attn_implementation = ATTENTION_NAME
-        sdpa = self.attention == "sdpa"
-        layers = [m for m in self.model.modules() if hasattr(m, "layer_idx")] if sdpa else []
-        for m in layers:
-            m._rollpacker_sdpa = True
         try:
             yield
         finally:
             config._attn_implementation = before
-            for m in layers:
-                m._rollpacker_sdpa = False
 
     # -- CUDA graphs -------------------------------------------------------------------------------
 
