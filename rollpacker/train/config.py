@@ -7,6 +7,7 @@ then every other flag overrides that preset.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -148,9 +149,44 @@ class RunConfig:
                               f"{self.spec_max_rows} and {self.spec_tokens}")
         if self.rollout == "sglang" and not self.sglang_urls:
             raise ConfigError("--rollout sglang needs --sglang-urls URL [URL ...]")
+        self._check_sampling_and_times()
+        for url in self.sglang_urls:
+            _check_url(url)
+        self._check_parallel()
         for name in self.compare_policies():
             self.build_policy(name)  # raises ConfigError naming a bad knob
         self._check_trainer()
+        self._check_context()
+
+    def _check_sampling_and_times(self) -> None:
+        """Float flags: finite and in range (a NaN fails every comparison, so test the good range)."""
+        ranges = {"temperature": (0.0, None, ">= 0"), "top_p": (0.0, 1.0, "in (0, 1]"), "lr": (0.0, None, "> 0"),
+                  "reward_deadline_s": (0.0, None, "> 0"), "step_timeout_s": (0.0, None, "> 0")}
+        for flag, (low, high, wanted) in ranges.items():
+            value = getattr(self, flag)
+            above = value >= low if flag == "temperature" else value > low
+            if not (math.isfinite(value) and above and (high is None or value <= high)):
+                raise ConfigError(f"--{flag.replace('_', '-')} must be {wanted}, got {value}")
+
+    def _check_parallel(self) -> None:
+        if self.tp < 1 or (self.dp_shard < 1 and self.dp_shard != -1):
+            raise ConfigError(f"--tp must be >= 1 and --dp-shard >= 1 or -1, got {self.tp} and {self.dp_shard}")
+        shard = self.nproc // self.tp if self.dp_shard == -1 else self.dp_shard
+        if self.nproc % self.tp or shard * self.tp != self.nproc:
+            raise ConfigError(f"--tp {self.tp} x --dp-shard {self.dp_shard} must use all --nproc {self.nproc} "
+                              f"trainer processes; e.g. --tp {self.tp} --nproc {self.tp * max(shard, 1)}")
+
+    def _check_context(self) -> None:
+        """--max-tokens within the model's context (config.json only: no weights are read)."""
+        from rollpacker.backends.models import cache_dir, DEFAULT_MODEL_NAME, read_config_json
+
+        directory = Path(self.model) if self.model else cache_dir() / "models" / DEFAULT_MODEL_NAME
+        if not self.model and not (directory / "config.json").is_file():
+            return  # the default model is converted on first use; the engine checks lengths then
+        context = read_config_json(directory).get("max_position_embeddings")
+        if context and self.max_tokens >= context:
+            raise ConfigError(f"--max-tokens {self.max_tokens} does not fit the model's context of {context} tokens "
+                              f"(max_position_embeddings in {directory / 'config.json'}) with a prompt")
 
     def _check_trainer(self) -> None:
         if self.trainer == "torch":
@@ -188,6 +224,18 @@ def tiny_debug() -> RunConfig:
 
 
 PRESETS = {"smollm2_cpu_tail": smollm2_cpu_tail, "tiny_debug": tiny_debug}
+
+
+def _check_url(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--sglang-urls: {url!r} is not a server URL like http://127.0.0.1:30000")
 
 
 def parse(argv: list[str]) -> RunConfig:
