@@ -102,3 +102,16 @@ def test_verify_without_drafts_is_sample_and_greedy_accepts_the_matching_prefix(
     drafts[:4, 1] = (drafts[:4, 1] + 1) % 50  # rows 0-3 diverge at the second draft
     _, _, accepted = verify(logits, drafts, torch.full((8,), 3), torch.zeros(8), None, seeds, counters)
     assert accepted.tolist() == [1] * 4 + [3] * 4
+
+
+def test_a_uniform_that_rounds_to_one_stays_in_the_nucleus(monkeypatch):
+    import rollpacker.backends.embedded_sampling as sampling
+
+    def almost_one(seeds, counters, stream=0):
+        return torch.full(counters.shape, 1 - 2**-33, dtype=torch.float64)  # 1.0 in float32
+
+    monkeypatch.setattr(sampling, "uniforms", almost_one)
+    logits = torch.tensor([[5.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    temp, top_p = torch.tensor([1.0, 1.0]), torch.tensor([0.5, 1.0])
+    tokens, _ = sampling.sample(logits, temp, top_p, torch.arange(2), torch.zeros(2, dtype=torch.long))
+    assert tokens.tolist() == [0, 3]  # the nucleus's only token; without a cut, the last token

@@ -71,7 +71,11 @@ def _draw(logits, temperature, top_p, seeds, counters) -> tuple[torch.Tensor, to
     """Token and log-prob at every position of logits `[B, T, V]`; counters `[B, T]`."""
     probs, logp = target_probs(logits, temperature, top_p)
     cdf = probs.cumsum(dim=-1)
-    u = uniforms(seeds, counters, 0).to(cdf.dtype) * cdf[..., -1]
+    total = cdf[..., -1]
+    # u rounds to 1.0 in float32 about once in 2^25 draws: keep u * total strictly below the total,
+    # else searchsorted lands past the last kept token (on a token outside the nucleus)
+    below_total = torch.nextafter(total, torch.zeros_like(total))
+    u = torch.minimum(uniforms(seeds, counters, 0).to(cdf.dtype) * total, below_total)
     drawn = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
     tokens = torch.where((temperature > 0).view(-1, 1), drawn, logits.argmax(dim=-1))
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
