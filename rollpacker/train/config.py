@@ -124,6 +124,8 @@ class RunConfig:
     """Tensor-parallel degree of the trainer."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Trainer and engine dtype."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the engine and the trainer run, together on one device: auto is cuda when available."""
     step_timeout_s: float = 1800.0
     """Fail a step that runs longer than this (a stuck engine or server)."""
 
@@ -150,6 +152,7 @@ class RunConfig:
         if self.rollout == "sglang" and not self.sglang_urls:
             raise ConfigError("--rollout sglang needs --sglang-urls URL [URL ...]")
         self._check_sampling_and_times()
+        self.device = resolve_device(self.device)
         for url in self.sglang_urls:
             _check_url(url)
         self._check_parallel()
@@ -224,6 +227,21 @@ def tiny_debug() -> RunConfig:
 
 
 PRESETS = {"smollm2_cpu_tail": smollm2_cpu_tail, "tiny_debug": tiny_debug}
+
+
+def resolve_device(device: str) -> str:
+    """"auto" -> "cuda" when torch sees a GPU, else "cpu"; "cuda" without one is a ConfigError."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if device == "cpu":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise ConfigError("--device cuda but torch sees no CUDA GPU (torch " + torch.__version__ + "); use --device cpu")
+    return "cpu"
 
 
 def _check_url(url: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from rollpacker.core import BatcherConfig, Scheduler
 from rollpacker.core.protocols import RewardJob
 from rollpacker.loop import LoopConfig, StepLoop
-from rollpacker.train.config import RunConfig
+from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
 
@@ -63,8 +63,12 @@ class Session:
         self.model_dir = resolve_model(config.model)
         read_hf_config(self.model_dir)  # unsupported architecture: fail before anything heavy
         problems = make_problems(list(config.tasks) or None, size=config.dataset_size, seed=config.seed)
-        model, tokenizer = load_model(self.model_dir, dtype=config.dtype)
+        self.device = resolve_device(config.device)
+        model, tokenizer = load_model(self.model_dir, dtype=config.dtype, device=self.device)
         self.prompts = TaskPrompts(problems, tokenizer, config.reward_deadline_s)
+        self.memory_plan = plan_run_memory(config, self.model_dir, self.prompts, self.device)
+        print(self.memory_plan.line(), flush=True)
+        self.memory_plan.check()  # before the trainer and the KV cache, the big items, are built
         self.policy = config.build_policy(policy)
         self.scheduler = Scheduler(
             self.policy, num_prompts=len(problems), seed=config.seed,
@@ -90,7 +94,7 @@ class Session:
             return SGLangEngine(list(self.config.sglang_urls), model_config_dir=self.model_dir)
         from rollpacker.backends.embedded import EmbeddedEngine
 
-        return EmbeddedEngine(model, capacity=self.config.engine_capacity, seed=self.config.seed,
+        return EmbeddedEngine(model, capacity=self.config.engine_capacity, seed=self.config.seed, device=self.device,
                               spec_max_rows=self.config.spec_max_rows, spec_tokens=self.config.spec_tokens)
 
     @property
@@ -111,6 +115,7 @@ class Session:
 
     def run_step(self) -> dict:
         record = self.loop.run_step()
+        record["device"] = self.device
         report = self.rewards.step_report() if hasattr(self.rewards, "step_report") else None
         if report is not None:
             record.update({f"reward_{k}": v for k, v in _as_dict(report).items()})
@@ -148,6 +153,20 @@ def build_trainer(config: RunConfig, model_dir):
     from rollpacker.backends.titan import TitanConfig, TitanTrainer
 
     return TitanTrainer(TitanConfig(**common, dp_shard=config.dp_shard, tp=config.tp))
+
+
+def plan_run_memory(config: RunConfig, model_dir, prompts: TaskPrompts, device: str):
+    """The memory plan of this run on `device` (engine and trainer colocated; for --rollout sglang
+    the engine's items are the servers', so only the trainer's count)."""
+    from rollpacker.backends.models import read_config_json
+    from rollpacker.train.memory_plan import ModelShape, device_budget, plan_memory
+
+    longest_prompt = max(len(prompts.prompt_ids(i)) for i in range(len(prompts)))
+    return plan_memory(ModelShape.from_config(read_config_json(model_dir)), dtype=config.dtype,
+                       engine_capacity=config.engine_capacity, prompt_tokens=longest_prompt,
+                       max_tokens=config.max_tokens, micro_batch_tokens=config.micro_batch_tokens,
+                       trainer=config.trainer, budget=device_budget(device), device=device,
+                       with_engine=config.rollout == "embedded")
 
 
 def follower_main(config: RunConfig) -> None:

@@ -1,0 +1,135 @@
+"""Memory plan of a run with the engine and the trainer on one device, checked before generation.
+
+Pure arithmetic over the model's config.json and the run's sizes (no torch at module level): a run
+that cannot fit fails in a second, naming the flag to lower, instead of an out-of-memory error after
+everything has loaded.  The estimates (b = bytes per element of --dtype, T = tokens of the largest
+micro-batch):
+
+- engine weights: parameters x b (a second copy of the model, for rollout);
+- trainer: parameters x b for weights and again for gradients, plus AdamW's two moments in float32
+  (8 bytes per parameter);
+- KV cache: capacity x (prompt + max_tokens) x layers x 2 (K and V) x kv_heads x head_dim x b;
+- activations saved for backward: T x layers x (6 x hidden + 2 x kv_heads x head_dim + 4 x ffn) x b
+  (norm inputs and outputs, q, the attention output and the residual stream make about 6 x hidden;
+  k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or memory-efficient
+  attention saves no score matrix);  T = rows x (prompt + max_tokens), rows = ceil(micro_batch_tokens
+  / max_tokens): the micro-batch's responses at full length, each with its prompt, padded;
+- logits: float32 logits and their gradient for the positions computed at once: one chunk of
+  `LOGITS_CHUNK_TOKENS` for the torch trainer (it computes log-probs chunk by chunk), all T for
+  TorchTitan's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rollpacker.core.errors import ConfigError
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
+# the flag that shrinks each item, for the error message
+FLAG_OF_ITEM = {"engine_weights": "--dtype", "trainer_state": "--dtype", "kv_cache": "--engine-capacity or --max-tokens",
+                "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs from an HF config.json (Llama / Qwen family)."""
+
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tied_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelShape:
+        heads = config["num_attention_heads"]
+        return cls(num_layers=config["num_hidden_layers"], hidden=config["hidden_size"], num_heads=heads,
+                   num_kv_heads=config.get("num_key_value_heads") or heads,
+                   head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+                   ffn=config["intermediate_size"], vocab=config["vocab_size"],
+                   tied_embeddings=bool(config.get("tie_word_embeddings", False)))
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        """Embeddings (and an untied LM head), per layer q/k/v/o and the gated MLP and two norms,
+        and the final norm."""
+        attention = self.hidden * self.num_heads * self.head_dim * 2 + self.hidden * self.kv_dim * 2
+        layer = attention + 3 * self.hidden * self.ffn + 2 * self.hidden
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return embeddings + self.num_layers * layer + self.hidden
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    items: dict[str, int]
+    """Bytes per item, in the order printed."""
+    budget: int
+    """Bytes available on the device."""
+    device: str
+
+    @property
+    def total(self) -> int:
+        return sum(self.items.values())
+
+    @property
+    def biggest(self) -> str:
+        return max(self.items, key=self.items.get)
+
+    def line(self) -> str:
+        parts = ", ".join(f"{name.replace('_', ' ')} {_gib(b)}" for name, b in self.items.items())
+        return f"memory plan ({self.device}): {parts}; total {_gib(self.total)} of {_gib(self.budget)}"
+
+    def check(self) -> None:
+        """ConfigError naming the biggest item and the flag to lower when the total exceeds the budget."""
+        if self.total > self.budget:
+            raise ConfigError(f"the run needs {_gib(self.total)} on {self.device} but {_gib(self.budget)} is there; "
+                              f"biggest: {self.biggest.replace('_', ' ')} {_gib(self.items[self.biggest])}: "
+                              f"lower {FLAG_OF_ITEM[self.biggest]} (or use --dtype bfloat16)")
+
+
+def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
+                micro_batch_tokens: int, trainer: str, budget: int, device: str,
+                with_engine: bool = True) -> MemoryPlan:
+    """The plan's items in bytes (the module docstring gives each formula); `with_engine` False leaves
+    out the engine's weights and KV cache (rollout on SGLang servers)."""
+    b = DTYPE_BYTES[dtype]
+    params = shape.num_params
+    sequence = prompt_tokens + max_tokens
+    batch_tokens = math.ceil(micro_batch_tokens / max_tokens) * sequence
+    per_token_layer = 6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.ffn
+    logit_tokens = min(batch_tokens, LOGITS_CHUNK_TOKENS) if trainer == "torch" else batch_tokens
+    items = {
+        "engine_weights": params * b,
+        "trainer_state": params * (2 * b + 8),
+        "kv_cache": engine_capacity * sequence * shape.num_layers * 2 * shape.kv_dim * b,
+        "activations": batch_tokens * shape.num_layers * per_token_layer * b,
+        "logits": logit_tokens * shape.vocab * 4 * 2,
+    }
+    if not with_engine:
+        del items["engine_weights"], items["kv_cache"]
+    return MemoryPlan(items=items, budget=budget, device=device)
+
+
+def device_budget(device: str) -> int:
+    """Bytes of the device: the GPU's total memory (torch.cuda.mem_get_info), else physical RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[1]
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
