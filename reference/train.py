@@ -80,7 +80,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
             print(f"resumed {run_dir.path} at step {session.step}")
         else:
             session.save()  # a kill during the first step resumes from here
-        print(f"policy {session.policy.name}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "
+        print(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "
               f"{len(session.prompts)} problems, model {session.model_dir}")
         while session.step < config.steps:
             bars.begin_step(session.step)
