@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollpacker.core.errors import RollpackerError
+from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.train.config import RunConfig, parse
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.progress import StageBars, step_line
@@ -31,29 +31,63 @@ from rollpacker.train.session import Session, follower_main, init_distributed_en
 def main(argv: list[str]) -> int:
     config = parse(argv)
     if config.resume is not None:
-        config = resumed_config(config, steps_given="--steps" in argv)
+        config = resumed_config(config, argv)
     config.validate()  # bad flags fail here, before any model is loaded
 
     rank, world = init_distributed_env()
-    if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
-        rest = [a for i, a in enumerate(argv) if not a.startswith("--nproc") and not (i and argv[i - 1] == "--nproc")]
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc}", __file__, *rest]
-        return subprocess.call(cmd)
     if rank > 0:
         follower_main(config)
         return 0
-
-    if config.compare:
-        return compare(config)
-    run_dir = RunDir(config.out)
-    train(config, run_dir, resume=config.resume is not None)
+    run_dir = RunDir(config.out)  # not writable: one line naming --out, before any model loads
+    if not config.compare and not has_work(config, run_dir):
+        return 0
+    try:
+        if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
+            rest = [a for i, a in enumerate(argv) if not a.startswith("--nproc") and not (i and argv[i - 1] == "--nproc")]
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc}", __file__, *rest]
+            return subprocess.call(cmd)
+        if config.compare:
+            return compare(config)
+        train(config, run_dir, resume=config.resume is not None)
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (reward workers ignore SIGINT)
+        print(interrupted_line(config, run_dir), file=sys.stderr)
+        return 130
     print(f"\noutputs in {run_dir.path}/: metrics.jsonl, tensorboard/, timeline.png, summary.png, "
           f"checkpoints/ (HF safetensors), state/ (resume with --resume {run_dir.path})")
     return 0
 
 
-def resumed_config(flags: RunConfig, steps_given: bool) -> RunConfig:
-    """The saved config of the run being resumed; --steps may change how far it goes."""
+def has_work(config: RunConfig, run_dir: RunDir) -> bool:
+    """A new run needs an unused directory; a resumed one needs steps left to train."""
+    if config.resume is None:
+        if run_dir.holds_a_run():
+            raise ConfigError(f"--out {run_dir.path} already holds a run; continue it with --resume {run_dir.path} "
+                              f"or start a new one with a fresh --out")
+        return True
+    done = run_dir.saved_step()
+    if done is not None and done >= config.steps:
+        print(f"{run_dir.path} has trained {done} steps already (--steps {config.steps}): nothing to do; "
+              f"--steps {done + 1} or more trains further")
+        return False
+    return True
+
+
+def interrupted_line(config: RunConfig, run_dir: RunDir) -> str:
+    if config.compare:
+        return "interrupted; --compare runs do not resume: run it again with a fresh --out"
+    step = run_dir.saved_step()
+    if step is None:
+        return f"interrupted before the first state was saved; nothing to resume in {run_dir.path}"
+    return f"interrupted at step {step}; --resume {run_dir.path} continues"
+
+
+RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device")
+"""Flags a resume takes from the command line; every other one comes from the saved config."""
+
+
+def resumed_config(flags: RunConfig, argv: list[str]) -> RunConfig:
+    """The saved config of the run being resumed; --steps may change how far it goes, and a flag
+    that would change the run (--policy, --lr, ...) is refused rather than ignored."""
     saved = RunDir(flags.resume).load_config_dict()
     config = parse(["--preset", "smollm2_cpu_tail"])  # typed defaults, then the saved values
     for key, value in saved.items():
@@ -64,9 +98,29 @@ def resumed_config(flags: RunConfig, steps_given: bool) -> RunConfig:
         elif isinstance(value, list):
             value = tuple(value)
         setattr(config, key, value)
-    config.steps = flags.steps if steps_given else config.steps
     config.out, config.resume = Path(flags.resume), Path(flags.resume)
+    given = given_flags(argv)
+    for name in given - set(RESUME_MAY_CHANGE):
+        old, new = _field(config, name), _field(flags, name)
+        if new != old:
+            raise ConfigError(f"--resume {flags.resume} keeps the run's saved config: --{name.replace('_', '-')} "
+                              f"{new} differs from its {old} (only --steps may change; use a fresh --out for a new run)")
+    for name in given & set(RESUME_MAY_CHANGE) - {"resume", "preset"}:
+        setattr(config, name, getattr(flags, name))
     return config
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """Field names of the flags on the command line (`--tail.eta-prompts=2` -> tail.eta_prompts)."""
+    names = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+    return {n[3:] if n.startswith("no_") else n for n in names}
+
+
+def _field(config: RunConfig, name: str):
+    value = config
+    for part in name.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume: bool = False) -> list[dict]:
@@ -77,7 +131,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
         if resume:
             session.restore_trainer(run_dir.state_dir())
             run_dir.truncate_to(session.step)  # an interrupted step is played again
-            print(f"resumed {run_dir.path} at step {session.step}")
+            print(f"resumed {run_dir.path} at step {session.step} with its saved config (only --steps may change)")
         else:
             session.save()  # a kill during the first step resumes from here
         print(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import queue
+import signal
 import threading
 import time
 from collections import deque
@@ -52,6 +53,10 @@ class RewardStepReport:
 
 
 def _worker_main(conn, scorer: Scorer, warmup: Callable[[], None] | None) -> None:
+    # Ctrl-C reaches the whole process group; the parent owns it and closes its workers, so a
+    # worker stays quiet (the parent started it with SIGINT blocked; ignore it, then unblock).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if warmup is not None:
         warmup()
     conn.send(("ready",))
@@ -194,7 +199,11 @@ class ProcessRewardExecutor:
         proc = self._ctx.Process(
             target=_worker_main, args=(child, self._scorer, self._warmup), name="rollpacker-reward", daemon=True
         )
-        proc.start()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited through exec
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
         return _Worker(proc, parent)
 

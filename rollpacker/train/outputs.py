@@ -14,13 +14,14 @@ state or the new one, never half of one.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from rollpacker.core.errors import ConfigError
+from rollpacker.core.errors import ConfigError, RollpackerError
 
 STATE = "state"
 SCHEDULER_FILE = "scheduler.json"
@@ -39,12 +40,45 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+class SaveError(RollpackerError):
+    """Writing the run's state or a checkpoint failed (disk full, read-only, ...); names the path."""
+
+
+def os_reason(exc: BaseException, path: Path) -> str:
+    """One line for a failed write: "the disk is full" when it is, else the OS error."""
+    no_space = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "unexpected pos" in str(exc)
+    try:
+        no_space = no_space or shutil.disk_usage(path).free < 1 << 20
+    except OSError:
+        pass
+    if no_space:
+        return "the disk is full"
+    return getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:  # fail here, before any model loads, not at the first save
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write_probe"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"--out {self.path}: cannot write there ({os_reason(exc, self.path)})") from None
         self.metrics_path = self.path / "metrics.jsonl"
         self._tb = None
+
+    def holds_a_run(self) -> bool:
+        """Whether an earlier run left metrics, state or checkpoints here."""
+        return any((self.path / name).exists() for name in ("metrics.jsonl", STATE, STATE + ".old", "checkpoints"))
+
+    def saved_step(self) -> int | None:
+        """Steps finished in the saved state (None: nothing saved yet)."""
+        try:
+            return int(self.load_scheduler()["step"])
+        except ConfigError:
+            return None
 
     # -- metrics ---------------------------------------------------------------------------------
 
@@ -141,7 +175,13 @@ class RunDir:
         for item in Path(model_dir).iterdir():
             if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".gguf")) and item.name != "model.safetensors.index.json":
                 shutil.copy2(item, tmp / item.name)
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        try:
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        except (OSError, RuntimeError) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SaveError(f"writing the HF checkpoint {target} failed: {os_reason(exc, self.path)}; "
+                            f"the resumable state in {self.path / STATE} is intact") from None
+        _readable(tmp / "model.safetensors")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
         return target
@@ -150,10 +190,17 @@ class RunDir:
         """Resumable state of a finished step, replaced atomically."""
         tmp = self.path / (STATE + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        trainer.save(tmp / "trainer")
-        (tmp / SCHEDULER_FILE).write_text(json.dumps(scheduler))
-        (tmp / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=1))
+        try:
+            tmp.mkdir()
+            trainer.save(tmp / "trainer")
+            (tmp / SCHEDULER_FILE).write_text(json.dumps(scheduler))
+            (tmp / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=1))
+        except (OSError, RuntimeError) as exc:  # torch reports a full disk as RuntimeError("unexpected pos")
+            shutil.rmtree(tmp, ignore_errors=True)
+            kept = f"the previous state in {self.path / STATE} is intact" if (self.path / STATE).exists() else \
+                "no state was saved yet"
+            raise SaveError(f"saving the state of step {scheduler['step']} to {tmp} failed: "
+                            f"{os_reason(exc, self.path)}; {kept}") from None
         old = self.path / (STATE + ".old")
         shutil.rmtree(old, ignore_errors=True)
         if (self.path / STATE).exists():
@@ -175,3 +222,10 @@ class RunDir:
 
     def load_scheduler(self) -> dict:
         return json.loads((self.state_dir() / SCHEDULER_FILE).read_text())
+
+
+def _readable(path: Path) -> None:
+    """safetensors writes 0600; give the checkpoint the mode the umask gives any new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
