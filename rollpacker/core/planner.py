@@ -68,6 +68,12 @@ class Policy(Protocol):
     def close_round(self, state: PlannerState, kind: str, incomplete: list[Group]) -> PlannerState:
         """Put the prompts of groups that did not complete where they belong."""
 
+    def defer_point(self, kind: str, target: int) -> int | None:
+        """Completed groups at which `to_defer` is asked, once per round (None: never)."""
+
+    def to_defer(self, live: list[tuple[int, Group]], need: int, history, clock: int) -> tuple[int, ...]:
+        """Slots of live groups to abort now and leave incomplete (close_round places them)."""
+
 
 def segments_tokens(segments: Iterable[Segment]) -> int:
     return sum(s.num_tokens for s in segments)
@@ -161,7 +167,22 @@ class _Txn:
         self.round_changes["num_completed"] = num_completed
         if num_completed == self.round.target:
             self.close()
+        elif num_completed == self.policy.defer_point(self.round.kind, self.round.target):
+            self.defer_live_groups(slot, self.round.target - num_completed)
         return group
+
+    def defer_live_groups(self, done_slot: int, need: int) -> None:
+        """Abort the groups the policy predicts long; they stay incomplete, so the round's end hands
+        them to `close_round` like any group still running at the close."""
+        live = [(s, g) for s, g in self.groups.items()
+                if s != done_slot and not g.is_complete and (g.running or g.pending)]
+        log = self.round_changes.get("observations", self.round.observations)
+        clock = max((n for _, n, finished in cons_iter(log) if finished), default=0)
+        for slot in self.policy.to_defer(live, need, self.state.pool.history, clock):
+            group = self.groups[slot]
+            self.abort_requests(group.running)
+            self.groups = self.groups.set(slot, replace(group, pending=()))
+            self.queue = tuple(s for s in self.queue if s != slot)
 
     def close(self) -> None:
         self.round_changes["closing"] = True

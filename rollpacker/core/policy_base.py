@@ -46,6 +46,14 @@ class PolicyBase:
     carries = False
     max_staleness = 0
 
+    def defer_point(self, kind: str, target: int) -> int | None:
+        """Completed groups at which the planner asks `to_defer` once (None: never)."""
+        return None
+
+    def to_defer(self, live: list[tuple[int, Group]], need: int, history, clock: int) -> tuple[int, ...]:
+        """Slots of live groups to abort and leave incomplete now (`need` more must complete)."""
+        return ()
+
     def fresh_groups(self, keys: tuple[PromptKey, ...], launches: int) -> list[Group]:
         """New groups, each with `launches` sample indices waiting to launch."""
         pending = tuple((i, ()) for i in range(launches))

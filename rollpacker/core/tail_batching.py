@@ -14,9 +14,19 @@ Knobs beyond the paper:
   floored by the longest cut) exceeds the `1/eta_prompts` quantile of all predicted lengths go
   straight to the long queue instead of wasting a speculative launch.  Prompts never seen are
   launched: prediction helps from their second visit on.
+- `longest_first=True` (sibling-aware scheduling, core/sibling_prediction.py): a long round launches
+  its prompts longest-predicted first (their siblings' lengths from the short round that deferred
+  them are in the pool's history), so where the KV cache limits what runs at once the longest
+  requests start first.
+- `defer_at=f`: once f x P groups of a short round are complete, the live groups predicted longest
+  from their finished siblings (history second) are aborted and deferred at once, keeping the
+  ceil(eta_prompts x need) predicted shortest: fewer wasted tokens and a smaller running batch for
+  the groups that will complete the round.
 """
 
 from __future__ import annotations
+
+import math
 
 import attrs
 import numpy as np
@@ -25,6 +35,12 @@ from attrs import field, frozen
 from .errors import ConfigError
 from .policy_base import PolicyBase, at_least_one, over
 from .round_state import LONG, SHORT, Group, PlannerState
+from .sibling_prediction import groups_to_defer, longest_first
+
+
+def _fraction(instance, attribute, value) -> None:
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value <= 1.0):
+        raise ConfigError(f"{attribute.name} must be a number in (0, 1] or None, got {value!r}")
 
 
 @frozen(kw_only=True)
@@ -38,6 +54,10 @@ class TailPolicy(PolicyBase):
     """Send prompts predicted long straight to the long queue."""
     long_round_at: int | None = None
     """Long-queue size that triggers a long round (default: P)."""
+    longest_first: bool = True
+    """Long rounds launch their prompts longest-predicted first."""
+    defer_at: float | None = field(default=None, validator=_fraction)
+    """Short rounds: at this share of P complete, defer the live groups predicted longest."""
 
     def __attrs_post_init__(self) -> None:
         if self.long_round_at is not None and self.long_round_at < self.prompts:
@@ -51,6 +71,8 @@ class TailPolicy(PolicyBase):
         pool = state.pool
         if len(pool.deferred) >= self.long_trigger:
             pool, keys = pool.take_deferred(self.prompts)
+            if self.longest_first:
+                keys = longest_first(keys, pool.history)
             return attrs.evolve(state, pool=pool), LONG, self.fresh_groups(keys, self.samples)
         want = over(self.prompts, self.eta_prompts)
         keys: list = []
@@ -77,6 +99,14 @@ class TailPolicy(PolicyBase):
         known = (history.count[indices] + history.censored[indices]) > 0
         longer = history.predicted_medians(indices) > cutoff
         return {k for k, is_known, is_long in zip(keys, known, longer) if is_known and is_long}
+
+    def defer_point(self, kind: str, target: int) -> int | None:
+        if self.defer_at is None or kind != SHORT:
+            return None
+        return max(1, math.ceil(round(self.defer_at * target, 9)))
+
+    def to_defer(self, live: list[tuple[int, Group]], need: int, history, clock: int) -> tuple[int, ...]:
+        return groups_to_defer(live, over(need, self.eta_prompts), history, clock)
 
     def close_round(self, state: PlannerState, kind: str, incomplete: list[Group]) -> PlannerState:
         return attrs.evolve(state, pool=state.pool.defer(g.prompt for g in incomplete))

@@ -16,6 +16,14 @@ from .constants import MODELS, SimConstants
 from .driver import Simulation
 from .workloads import BUILTIN
 
+def on_off(raw: str) -> bool:
+    """A boolean flag value: on/off, true/false, 1/0."""
+    value = raw.lower()
+    if value not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {raw!r}")
+    return value in ("on", "true", "1", "yes")
+
+
 KNOB_FLAGS = {  # flag -> (knob, type)
     "--eta-prompts": ("eta_prompts", float),
     "--eta-responses": ("eta_responses", float),
@@ -24,6 +32,8 @@ KNOB_FLAGS = {  # flag -> (knob, type)
     "--mode": ("mode", str),
     "--staleness": ("staleness", int),
     "--capacity": ("capacity", int),
+    "--defer-at": ("defer_at", float),
+    "--longest-first": ("longest_first", on_off),
 }
 
 
@@ -57,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-prompts", type=int, default=None, help="prompts in the dataset (default 16 x P)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a constant, e.g. --set train.mfu=0.4 --set engine.mem_fraction=0.5")
+    p.add_argument("--spec", action="store_true",
+                   help="model speculative decoding in the tail (sim/speculation.py; = --set spec.enabled=true)")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the result here (default: stdout)")
     p.add_argument("--plot", type=Path, default=None, help="PNG: a step's per-instance timeline and step times")
     p.add_argument("--plot-step", type=int, default=None, help="step drawn by --plot (default: the slowest)")
@@ -118,7 +130,7 @@ def config_from(args: argparse.Namespace) -> SimConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
-    constants = constants_from(args.overrides)
+    constants = constants_from(args.overrides + (["spec.enabled=true"] if args.spec else []))
     sim = Simulation(config, constants, record_timeline=args.plot is not None)
     progress = None
     if not args.no_progress:

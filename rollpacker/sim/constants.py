@@ -12,6 +12,8 @@ from attrs import field, frozen
 
 from rollpacker.core.cost_model import Hardware, ModelShape
 
+from .speculation import SpecConstants
+
 GB = 1e9
 
 # -- GPU ------------------------------------------------------------------------------------------
@@ -106,4 +108,5 @@ class SimConstants:
     engine: EngineConstants = field(factory=EngineConstants)
     reward: RewardConstants = field(factory=RewardConstants)
     train: TrainConstants = field(factory=TrainConstants)
+    spec: SpecConstants = field(factory=SpecConstants)
     hardware: Hardware = H100

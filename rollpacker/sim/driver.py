@@ -103,7 +103,7 @@ class Simulation:
             )
         self.tp = tp
         self.cost = cost
-        self.instances = [Instance(i, cost, e.max_running, e.admit_watermark)
+        self.instances = [Instance(i, cost, e.max_running, e.admit_watermark, spec=self.constants.spec)
                           for i in range(self.config.gpus // tp)]
 
     def _choose_tp(self, launches: list[LaunchRequest]) -> int:

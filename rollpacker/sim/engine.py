@@ -30,6 +30,8 @@ from attrs import define, field
 
 from rollpacker.core.cost_model import CostModel
 
+from .speculation import SpecConstants
+
 
 @define(eq=False)
 class SimRequest:
@@ -87,6 +89,8 @@ class Instance:
     peak_running: int = 0
     peak_kv: float = 0.0
     intervals: list | None = None
+    spec: SpecConstants = field(factory=SpecConstants)
+    """Speculative decoding in the tail: scales the time per token when the batch is small."""
 
     def __attrs_post_init__(self) -> None:
         self.capacity = self.cost.kv_capacity
@@ -103,13 +107,14 @@ class Instance:
     def _elapsed(self, k: float) -> float:
         c = self.cost
         b = self.batch
-        return k * c.step_time(b, self.kv_at(self.step)) + c.t2 * b * k * k / 2
+        return (k * c.step_time(b, self.kv_at(self.step)) + c.t2 * b * k * k / 2) * self.spec.slowdown(c, b)
 
     def _steps_in(self, dt: float) -> float:
         if dt <= 0 or not self.running:
             return 0.0
         c = self.cost
         b = self.batch
+        dt = dt / self.spec.slowdown(c, b)
         lin = c.step_time(b, self.kv_at(self.step))
         a = c.t2 * b / 2
         if a <= 0:
