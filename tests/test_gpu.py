@@ -1,0 +1,72 @@
+"""One GPU end to end: a reference step with the engine and the trainer colocated on --device, the
+engine's logits equal to the trainer's after a weight sync there (each on the CPU, and on CUDA marked
+`gpu`, skipped without one), and the memory plan refusing a run that cannot fit the GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from devices import DEVICES
+from test_reference_train import records, run_train
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from rollpacker.backends.models import tiny_random_llama
+
+    return tiny_random_llama()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_reference_step_runs_on_the_device(tiny_model, tmp_path, device):
+    out = tmp_path / "run"
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1,
+                     "--trainer", "torch", "--device", device)
+    assert f"memory plan ({device}):" in proc.stdout and f" on {device}: " in proc.stdout
+    (record,) = records(out)
+    assert record["device"] == device and record["trained_prompts"] == 2 and record["generated_tokens"] > 0
+    assert json.loads((out / "state" / "trainer" / "rollpacker_trainer.json").read_text())["step"] == 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_logits_match_the_trainer_after_a_weight_sync_on_the_device(tiny_model, device):
+    import torch
+
+    from rollpacker.backends.embedded import EmbeddedEngine
+    from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig
+    from rollpacker.core.protocols import MicroBatch, TrainSample
+
+    trainer = TorchTrainer(TorchTrainerConfig(model_dir=str(tiny_model), lr=1e-2, max_grad_norm=None, device=device))
+    engine = EmbeddedEngine(str(tiny_model), capacity=4, device=device)
+    try:
+        batch = MicroBatch((TrainSample((1, 2, 3, 4), (5, 6, 7), 1.0, 1.0), TrainSample((8, 9), (10, 11), -1.0, 1.0)))
+        trainer.forward_backward(batch)
+        trainer.optimizer_step(5.0)
+        ids = torch.tensor([[1, 5, 9, 13, 17, 21]], device=device)
+        with torch.no_grad():
+            before = engine.model(ids).logits
+        engine.pause()
+        engine.update_weights(trainer.export_weights(), version=1)
+        engine.resume()
+        with torch.no_grad():
+            after = engine.model(ids).logits
+            policy = trainer.model.hf(ids).logits
+        assert after.device.type == policy.device.type == device
+        assert (after - before).abs().max() > 1e-3, "the update did not change the engine"
+        assert (after - policy).abs().max().item() < 1e-3
+    finally:
+        engine.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_memory_plan_refuses_a_run_larger_than_the_gpu(tiny_model, tmp_path):
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", tmp_path / "run", "--trainer", "torch",
+                     "--device", "cuda", "--engine-capacity", 10**9, check=False, timeout=110)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "memory plan (cuda):" in proc.stdout
+    error = proc.stderr.strip().splitlines()[-1]
+    assert "biggest: kv cache" in error and "--engine-capacity" in error and "Traceback" not in proc.stderr
