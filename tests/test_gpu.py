@@ -33,30 +33,30 @@ def test_one_reference_step_runs_on_the_device(tiny_model, tmp_path, device):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("device", DEVICES)
 def test_engine_logits_match_the_trainer_after_a_weight_sync_on_the_device(tiny_model, device):
+    """The run's own wiring: build_trainer reads RunConfig.device, the engine gets the same device."""
     import torch
 
     from rollpacker.backends.embedded import EmbeddedEngine
-    from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig
     from rollpacker.core.protocols import MicroBatch, TrainSample
+    from rollpacker.train.config import RunConfig
+    from rollpacker.train.session import build_trainer
 
-    trainer = TorchTrainer(TorchTrainerConfig(model_dir=str(tiny_model), lr=1e-2, max_grad_norm=None, device=device))
-    engine = EmbeddedEngine(str(tiny_model), capacity=4, device=device)
+    config = RunConfig(model=str(tiny_model), trainer="torch", device=device, lr=1e-2)
+    trainer, engine = build_trainer(config, tiny_model), EmbeddedEngine(str(tiny_model), capacity=4, device=device)
+    ids = torch.randint(0, 1000, (2, 7), generator=torch.Generator().manual_seed(0)).to(device)
+    logits = torch.no_grad()(lambda model: model(ids).logits)
     try:
-        batch = MicroBatch((TrainSample((1, 2, 3, 4), (5, 6, 7), 1.0, 1.0), TrainSample((8, 9), (10, 11), -1.0, 1.0)))
-        trainer.forward_backward(batch)
-        trainer.optimizer_step(5.0)
-        ids = torch.tensor([[1, 5, 9, 13, 17, 21]], device=device)
-        with torch.no_grad():
-            before = engine.model(ids).logits
+        initial = logits(engine.model)
+        samples = [TrainSample(tuple(row[:4].tolist()), tuple(row[4:].tolist()), adv, 1.0) for row, adv in zip(ids, (1.0, -1.0))]
+        trainer.forward_backward(MicroBatch(tuple(samples)))
+        trainer.optimizer_step(2.0)
         engine.pause()
         engine.update_weights(trainer.export_weights(), version=1)
         engine.resume()
-        with torch.no_grad():
-            after = engine.model(ids).logits
-            policy = trainer.model.hf(ids).logits
-        assert after.device.type == policy.device.type == device
-        assert (after - before).abs().max() > 1e-3, "the update did not change the engine"
-        assert (after - policy).abs().max().item() < 1e-3
+        synced, policy = logits(engine.model), logits(trainer.model.hf)
+        assert synced.device.type == policy.device.type == device
+        assert (synced - initial).abs().max() > 1e-3, "the update did not change the engine"
+        torch.testing.assert_close(synced, policy, atol=1e-3, rtol=0)
     finally:
         engine.close()
 
