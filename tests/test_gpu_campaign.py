@@ -3,6 +3,7 @@ RESULTS.md section names the device, the torch version and each command (into a 
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -43,3 +44,18 @@ def test_campaign_writes_every_section_with_device_and_commands(tmp_path):
     engine_tok_s = re.search(r"^\| rollpacker embedded engine \| ([0-9.]+) \|", section, re.M)
     assert engine_tok_s and float(engine_tok_s.group(1)) > 0
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == real, "the test wrote the real RESULTS.md"
+
+
+@pytest.mark.timeout(60)
+def test_campaign_falls_back_to_the_torch_trainer_where_titan_cannot_import():
+    """As on the lent GPU machines (torch 2.11: simulated by removing the name TorchTitan misses)."""
+    pytest.importorskip("torchtitan")
+    from test_torch_trainer import _WITHOUT_TITAN_NAME
+
+    code = _WITHOUT_TITAN_NAME + ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_campaign as g; "
+                                  "print(g.pick_trainer('auto')); g.pick_trainer('titan')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    picked, why = ast.literal_eval(proc.stdout.strip().splitlines()[0])
+    assert picked == "torch" and why.startswith("TorchTitan unavailable (") and why.endswith("using --trainer torch")
+    assert "DataParallelMeshDims" in why
+    assert proc.returncode == 1 and proc.stderr.strip().startswith("error: --trainer titan:")

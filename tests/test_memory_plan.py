@@ -59,6 +59,10 @@ def test_over_budget_names_the_biggest_item_and_its_flag():
         plan.check()
     message = str(info.value)
     assert "--engine-capacity" in message and "kv cache 180.00 GiB" in message and "8.00 GiB" in message
+    assert message.endswith("(or halve it with --dtype bfloat16)") and "\n" not in message
+    with pytest.raises(ConfigError) as info:
+        smollm2_plan(dtype="bfloat16", engine_capacity=8192, budget=8 * GIB).check()
+    assert "--engine-capacity" in str(info.value) and "--dtype" not in str(info.value)
     with pytest.raises(ConfigError, match="--micro-batch-tokens"):
         smollm2_plan(micro_batch_tokens=10**6, budget=8 * GIB).check()
 

@@ -29,7 +29,7 @@ from rollpacker.core.errors import ConfigError
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
 # the flag that shrinks each item, for the error message
-FLAG_OF_ITEM = {"engine_weights": "--dtype", "trainer_state": "--dtype", "kv_cache": "--engine-capacity or --max-tokens",
+FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
 
 
@@ -76,6 +76,7 @@ class MemoryPlan:
     budget: int
     """Bytes available on the device."""
     device: str
+    dtype: str = "float32"
 
     @property
     def total(self) -> int:
@@ -94,7 +95,8 @@ class MemoryPlan:
         if self.total > self.budget:
             raise ConfigError(f"the run needs {_gib(self.total)} on {self.device} but {_gib(self.budget)} is there; "
                               f"biggest: {self.biggest.replace('_', ' ')} {_gib(self.items[self.biggest])}: "
-                              f"lower {FLAG_OF_ITEM[self.biggest]} (or use --dtype bfloat16)")
+                              f"lower {FLAG_OF_ITEM[self.biggest]}"
+                              + (" (or halve it with --dtype bfloat16)" if self.dtype == "float32" else ""))
 
 
 def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
@@ -117,7 +119,7 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
     }
     if not with_engine:
         del items["engine_weights"], items["kv_cache"]
-    return MemoryPlan(items=items, budget=budget, device=device)
+    return MemoryPlan(items=items, budget=budget, device=device, dtype=dtype)
 
 
 def device_budget(device: str) -> int:
