@@ -88,6 +88,11 @@ class Interval:
     end: float | None = None
     outcome: str = "running"
     """"kept", "aborted", or "wasted" (finished but not kept)."""
+    prompt: int = -1
+    """Dataset index of its prompt."""
+    num_tokens: int = 0
+    finish_reason: str = ""
+    """The engine's: "stop", "length" or "abort" (empty while running)."""
 
 
 @define
@@ -167,6 +172,7 @@ class StepLoop:
         if interval is not None:
             interval.end = now
             interval.outcome = "aborted" if result.finish_reason == "abort" else "wasted"
+            interval.num_tokens, interval.finish_reason = len(result.token_ids), result.finish_reason
         n = len(result.token_ids)
         if result.finish_reason == "abort":
             return RequestAborted(result.request_id, n, now)
@@ -180,7 +186,7 @@ class StepLoop:
             self.engine.submit([self._generation_request(c) for c in launches])
             now = self._now()
             for c in launches:
-                self._log.intervals[c.request_id] = Interval(c.request_id, now)
+                self._log.intervals[c.request_id] = Interval(c.request_id, now, prompt=c.prompt.index)
                 self._log.occupancy = self._log.occupancy.change(now, +1)
         aborts = [c.request_id for c in commands if isinstance(c, AbortRequest)]
         if aborts:
@@ -317,4 +323,5 @@ class StepLoop:
             duplicate_prompts=self.ledger.duplicates,
             entropy=entropy / tokens if tokens else 0.0,
             grad_norm=log.step_stats.grad_norm if log.step_stats is not None else None,
+            requests=[[i.prompt, i.num_tokens, i.finish_reason] for i in log.intervals.values() if i.finish_reason],
         )

@@ -17,6 +17,8 @@ POLICY_VARIANTS = [
     ("tail", {"eta_responses": 1.0}),
     ("tail", {"predict": True}),
     ("tail", {"eta_prompts": 1.5, "eta_responses": 1.5}),
+    ("tail", {"longest_first": True, "defer_at": 0.5}),
+    ("tail", {"defer_at": 1.0, "eta_responses": 1.0}),
     ("sorted", {}),
     ("sorted", {"prefetch": False}),
     ("sorted", {"mode": "partial", "staleness": 1}),

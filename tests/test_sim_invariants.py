@@ -48,6 +48,7 @@ def check_run(result: dict, sim: Simulation) -> None:
 
 
 POLICIES = [("sync", {}), ("tail", {}), ("tail", {"eta_responses": 1.0}), ("tail", {"predict": True}),
+            ("tail", {"defer_at": 0.75, "longest_first": True}),
             ("sorted", {}), ("sorted", {"mode": "partial"}), ("partial", {})]
 
 

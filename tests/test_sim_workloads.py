@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from rollpacker.sim import BUILTIN, WorkloadError, load_workload, parse_jsonl
+from rollpacker.sim import WorkloadError, load_workload, parse_jsonl
+from rollpacker.sim.workloads import TRACES as BUILTIN
 
 
 def write(tmp_path, lines):
@@ -81,3 +82,60 @@ def w_path(name):
 def test_licences_ship_with_the_data():
     for name in BUILTIN:
         assert (w_path(name).parent / "LICENSE").is_file()
+
+
+def test_per_step_lines_join_in_step_order_and_finish_reasons_are_checked(tmp_path):
+    lines = [json.dumps({"step": 1, "prompt": "a", "lengths": [30], "finish_reasons": ["length"]}),
+             json.dumps({"step": 0, "prompt": "a", "lengths": [10, 20], "finish_reasons": ["stop", "stop"]}),
+             json.dumps({"step": 0, "prompt": "b", "lengths": [7]})]
+    ids, lengths = parse_jsonl(write(tmp_path, lines))
+    assert ids == ["a", "b"] and lengths == [[10, 20, 30], [7]]
+
+
+@pytest.mark.parametrize("bad,message", [
+    (json.dumps({"step": 0, "prompt": "a", "lengths": [1]}), "already given for step 0 on line 1"),
+    (json.dumps({"step": -1, "prompt": "b", "lengths": [1]}), "\"step\" must be an integer >= 0"),
+    (json.dumps({"step": 1, "prompt": "b", "lengths": [1, 2], "finish_reasons": ["stop"]}),
+     "\"finish_reasons\" must be a list of 2 strings"),
+])
+def test_bad_per_step_line_is_named(tmp_path, bad, message):
+    path = write(tmp_path, [json.dumps({"step": 0, "prompt": "a", "lengths": [5]}), bad])
+    with pytest.raises(WorkloadError, match=message) as info:
+        parse_jsonl(path)
+    assert f"{path}:2:" in str(info.value)
+
+
+def test_trace_export_round_trips_into_a_workload(tmp_path):
+    from rollpacker.sim.workloads import export_trace, trace_lines
+
+    records = [{"step": 0, "requests": [[3, 100, "stop"], [3, 512, "length"], [3, 40, "abort"], [5, 9, "abort"]]},
+               {"step": 1, "requests": [[5, 60, "stop"], [3, 80, "stop"]]}]
+    lines = trace_lines(records)
+    assert lines == [
+        {"step": 0, "prompt": "3", "lengths": [100, 512], "finish_reasons": ["stop", "length"], "aborted": 1},
+        {"step": 1, "prompt": "3", "lengths": [80], "finish_reasons": ["stop"], "aborted": 0},
+        {"step": 1, "prompt": "5", "lengths": [60], "finish_reasons": ["stop"], "aborted": 0},
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "trace.jsonl"
+    assert export_trace(metrics, out) == 3
+    w = load_workload(str(out), num_prompts=2, seed=0, max_tokens=512)
+    assert sorted(w.sample(0, 0) for _ in range(3)) == [80, 100, 512]
+
+
+def test_trace_export_without_requests_is_refused(tmp_path):
+    from rollpacker.sim.workloads import export_trace
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 0}) + "\n")
+    with pytest.raises(WorkloadError, match="no step record holds \"requests\""):
+        export_trace(metrics, tmp_path / "out.jsonl")
+
+
+def test_synthetic_bimodal_has_hard_and_easy_prompts():
+    w = load_workload("synthetic-bimodal", num_prompts=2000, seed=1, max_tokens=16384)
+    means = np.array([np.mean([w.sample(i, 0) for _ in range(4)]) for i in range(2000)])
+    assert 0.15 < np.mean(means > 4000) < 0.4   # the hard quarter (plus a few random long ones)
+    assert np.median(means) < 2000
+    assert max(w.sample(i, 0) for i in range(2000)) == 16384  # hard prompts reach the cap

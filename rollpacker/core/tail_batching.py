@@ -54,7 +54,7 @@ class TailPolicy(PolicyBase):
     """Send prompts predicted long straight to the long queue."""
     long_round_at: int | None = None
     """Long-queue size that triggers a long round (default: P)."""
-    longest_first: bool = True
+    longest_first: bool = False
     """Long rounds launch their prompts longest-predicted first."""
     defer_at: float | None = field(default=None, validator=_fraction)
     """Short rounds: at this share of P complete, defer the live groups predicted longest."""

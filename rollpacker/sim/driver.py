@@ -173,6 +173,7 @@ class Simulation:
                 return
             for req in inst.wake(self.now):
                 self._ended(req.rid)
+                self.meter.finished(self.now)
                 self.inbox.append(RequestFinished(req.rid, req.target, req.reason, self.now))
             self.dirty.add(inst.index)
         elif kind == SCORED:
@@ -216,6 +217,7 @@ class Simulation:
                 self.reward_state, out = self.rewards.submit(self.reward_state, cmd.sample.request_id, self.now)
                 self._rewards_out(out)
             elif isinstance(cmd, TrainMicroBatch):
+                self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)
                 if self.constants.train.stream or self.meter.rollout_end is not None:
                     self._train(cmd)
                 else:
@@ -232,6 +234,7 @@ class Simulation:
         else:
             root = cmd.request_id
             self.totals[root] = self.workload.sample(cmd.prompt.index, self.sched.state.step)
+            self.meter.launched_lengths.append(min(self.totals[root], self.config.max_tokens))
         self.root[cmd.request_id] = root
         total = self.totals[root]
         new = max(1, min(cmd.max_new_tokens, total - prefix))

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from rollpacker.core import OptimizerStep, RewardScored, RoundEnded, bubble_ratio, step_record
+
+from .bias import BIAS_SUMS, bias_means, bias_record
+
+TAIL_SHARE = 0.1
+"""Tail latency: the time the last 10% of a round's finished requests take (Seer's definition)."""
 
 SUMMED = ("rollout_s", "reward_s", "train_s", "step_s", "tp_switch_s", "lower_bound_rollout_s",
           "generated_tokens", "kept_tokens", "wasted_tokens", "carried_tokens", "offpolicy_tokens",
           "trained_prompts", "deferred_prompts", "launched_requests", "retried_requests", "short_rounds",
-          "long_rounds", "preemptions", "reward_timeouts", "train_busy_s")
+          "long_rounds", "preemptions", "reward_timeouts", "train_busy_s", "tail_s") + BIAS_SUMS
 
 
 class StepMeter:
@@ -27,6 +34,9 @@ class StepMeter:
         self.peak_running = 0
         self.timeouts = 0
         self.tp, self.switch_s = 1, 0.0
+        self.finish_times: list[float] = []
+        self.kept_lengths: list[int] = []
+        self.launched_lengths: list[int] = []
 
     def occupancy(self, now: float, running: int, instances) -> None:
         if self.rollout_end is not None:
@@ -40,6 +50,15 @@ class StepMeter:
 
     def request_ended(self, req) -> None:
         self.longest = max(self.longest, req.generated)
+
+    def finished(self, at: float) -> None:
+        self.finish_times.append(at)
+
+    def tail_s(self) -> float:
+        """Time from the finish of the 90th-percentile request to the round's end."""
+        if not self.finish_times:
+            return 0.0
+        return self.rollout_end - float(np.quantile(self.finish_times, 1.0 - TAIL_SHARE))
 
     def aborted(self, instance: int, at: float, tokens: int) -> None:
         self.aborts.append((instance, at, tokens))
@@ -63,8 +82,9 @@ class StepMeter:
         reward_done = max(rollout_end, self.last_reward)
         cost, n = sim.cost, len(sim.instances)
         b_max = max(self.peak_running, 1)
-        work_lb = self.report.generated_tokens * (cost.t1 + cost.t0 / b_max) / n
-        path_lb = self.longest * (cost.t0 + cost.t1)
+        spec = sim.constants.spec.slowdown(cost, 1)  # speculation's best case (1.0 when off)
+        work_lb = self.report.generated_tokens * (cost.t1 + cost.t0 / b_max) / n * spec
+        path_lb = self.longest * (cost.t0 + cost.t1) * spec
         busy = sum(i.busy_s for i in sim.instances)
         pending = sim.pending_keys()
         if sim.record_timeline:
@@ -95,6 +115,9 @@ class StepMeter:
             pending_prompts=len(pending),
             lost_prompts=sim.ledger.lost(sim.launched_keys, pending),
             duplicate_prompts=sim.ledger.duplicates,
+            tail_s=self.tail_s(),
+            tokens_per_s=self.report.generated_tokens / rollout_s if rollout_s > 0 else 0.0,
+            **bias_record(self.kept_lengths, self.launched_lengths, sim.config.max_tokens),
         )
 
 
@@ -112,5 +135,8 @@ def totals(steps: list[dict]) -> dict:
     out["rollout_over_lower_bound"] = rollout / out["lower_bound_rollout_s"] if out["lower_bound_rollout_s"] else 0.0
     out["mean_rollout_s"] = rollout / len(steps) if steps else 0.0
     out["mean_step_s"] = out["step_s"] / len(steps) if steps else 0.0
+    out["tokens_per_s"] = out["generated_tokens"] / rollout if rollout else 0.0
+    out["mean_tail_s"] = out["tail_s"] / len(steps) if steps else 0.0
+    out.update(bias_means(out))
     out["on_policy_fraction"] = 1.0 - out["offpolicy_tokens"] / out["kept_tokens"] if out["kept_tokens"] else 1.0
     return out

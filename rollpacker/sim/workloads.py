@@ -13,8 +13,20 @@ Q is the trace's quantile function.  rho (`between`, default 0.9) is the share o
 (normal-scored) log length that lies between prompts, as in public multi-sample data
 (../shared/traces/README.md).  A prompt's effect is fixed for the run; every launch draws new noise.
 
-User JSONL: one prompt a line, `{"prompt": "<id>", "lengths": [int, ...]}`; the listed lengths are
-that prompt's successive samples, cycled (from a seeded offset) when more are needed.
+Synthetic (`synthetic-bimodal`, no data file): a length structure unlike servegen's smooth
+long tail.  A prompt is hard with probability `HARD_SHARE`; a hard prompt's samples are log-normal
+around half of max_tokens (many reach the cap), an easy prompt's around 4% of it, and an easy
+prompt's sample runs long (drawn as a hard one) with probability `RANDOM_LONG` (the random half of
+the tail that no prediction sees).  `between` is unused.
+
+User JSONL: one line per prompt, or per (step, prompt) as exported from a training run
+(`export_trace`):
+
+    {"prompt": "<id>", "lengths": [int, ...]}
+    {"step": 3, "prompt": "<id>", "lengths": [int, ...], "finish_reasons": ["stop", "length", ...]}
+
+A prompt's lengths (over its lines, in step order) are its successive samples, cycled (from a seeded
+offset) when more are needed.  `finish_reasons`, when present, must match `lengths` one for one.
 """
 
 from __future__ import annotations
@@ -29,7 +41,13 @@ from attrs import frozen
 from rollpacker.core import ConfigError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-BUILTIN = ("servegen-r1", "azure-code", "azure-conv")
+TRACES = ("servegen-r1", "azure-code", "azure-conv")
+SYNTHETIC = ("synthetic-bimodal",)
+BUILTIN = TRACES + SYNTHETIC
+HARD_SHARE = 0.25
+"""synthetic-bimodal: share of hard prompts (assumption)."""
+RANDOM_LONG = 0.05
+"""synthetic-bimodal: chance that a sample of an easy prompt runs long (assumption)."""
 MAX_PROMPT_TOKENS = 2048
 """Prompts are truncated here (RL recipes cap prompt length; verl's max_prompt_length is 512-2048)."""
 
@@ -108,6 +126,33 @@ class TraceWorkload(Workload):
         return self.output.mean
 
 
+class BimodalWorkload(Workload):
+    """synthetic-bimodal: easy and hard prompts, and a random long tail (see the module doc)."""
+
+    def __init__(self, *, num_prompts: int, seed: int, max_tokens: int | None = None, growth: float = 0.0) -> None:
+        self.name, self.num_prompts, self.growth = "synthetic-bimodal", num_prompts, growth
+        self.max_tokens = max_tokens or 16384
+        rng = np.random.default_rng([seed, 31])
+        self.hard = rng.random(num_prompts) < HARD_SHARE
+        self.effect = rng.normal(0.0, 0.3, num_prompts)
+        self.prompts = np.clip(np.rint(rng.lognormal(math.log(300), 0.6, num_prompts)), 1, MAX_PROMPT_TOKENS).astype(int)
+        self.rng = np.random.default_rng([seed, 37])
+
+    def sample(self, prompt_index: int, step: int) -> int:
+        hard = self.hard[prompt_index] or self.rng.random() < RANDOM_LONG
+        median = self.max_tokens * (0.5 if hard else 0.04)
+        length = math.exp(math.log(median) + self.effect[prompt_index] + self.rng.normal(0.0, 0.5))
+        length = max(1, int(round(length * (1.0 + self.growth) ** step)))
+        return min(length, self.max_tokens)
+
+    def prompt_tokens(self, prompt_index: int) -> int:
+        return int(self.prompts[prompt_index])
+
+    def mean_length(self) -> float:
+        hard = HARD_SHARE + (1 - HARD_SHARE) * RANDOM_LONG
+        return self.max_tokens * (0.5 * hard + 0.04 * (1 - hard)) * math.exp(0.5 * (0.3 ** 2 + 0.5 ** 2))
+
+
 class JsonlWorkload(Workload):
     def __init__(self, path: Path, *, seed: int, num_prompts: int | None = None,
                  max_tokens: int | None = None, prompt_tokens: int = 256) -> None:
@@ -135,13 +180,13 @@ class JsonlWorkload(Workload):
 
 
 def parse_jsonl(path: Path) -> tuple[list[str], list[list[int]]]:
-    """Read `{"prompt": id, "lengths": [int >= 0, ...]}` lines; any problem names the line."""
+    """Read `{"prompt": id, "lengths": [int >= 0, ...]}` lines (optionally with "step" and
+    "finish_reasons"); any problem names the line.  A prompt's lines are joined in step order."""
     path = Path(path)
     if not path.is_file():
         raise WorkloadError(f"workload {str(path)!r}: no such file, and not one of {', '.join(BUILTIN)}")
-    ids: list[str] = []
-    lengths: list[list[int]] = []
-    seen: dict[str, int] = {}
+    rows: dict[str, dict[int, list[int]]] = {}
+    seen: dict[tuple[str, int], int] = {}
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -164,14 +209,32 @@ def parse_jsonl(path: Path) -> tuple[list[str], list[list[int]]]:
                     raise WorkloadError(f"{where}: length {v!r} is not an integer")
                 if v < 0:
                     raise WorkloadError(f"{where}: length {v} is negative")
-            if prompt in seen:
-                raise WorkloadError(f"{where}: prompt {prompt!r} already given on line {seen[prompt]}")
-            seen[prompt] = lineno
-            ids.append(prompt)
-            lengths.append(values)
-    if not ids:
+            step = _step_of(row, where)
+            _check_reasons(row, len(values), where)
+            if (prompt, step) in seen:
+                at = f" for step {step}" if "step" in row else ""
+                raise WorkloadError(f"{where}: prompt {prompt!r} already given{at} on line {seen[prompt, step]}")
+            seen[prompt, step] = lineno
+            rows.setdefault(prompt, {})[step] = values
+    if not rows:
         raise WorkloadError(f"{path}: empty workload file (expected one JSON object a line)")
-    return ids, lengths
+    ids = list(rows)
+    return ids, [[n for step in sorted(rows[p]) for n in rows[p][step]] for p in ids]
+
+
+def _step_of(row: dict, where: str) -> int:
+    step = row.get("step", -1)
+    if "step" in row and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise WorkloadError(f"{where}: \"step\" must be an integer >= 0, got {step!r}")
+    return step
+
+
+def _check_reasons(row: dict, count: int, where: str) -> None:
+    reasons = row.get("finish_reasons")
+    if reasons is None:
+        return
+    if not isinstance(reasons, list) or len(reasons) != count or not all(isinstance(r, str) for r in reasons):
+        raise WorkloadError(f"{where}: \"finish_reasons\" must be a list of {count} strings, one per length")
 
 
 def load_marginals(name: str) -> tuple[Marginal, Marginal]:
@@ -184,9 +247,42 @@ def load_marginals(name: str) -> tuple[Marginal, Marginal]:
 def load_workload(spec: str, *, num_prompts: int, seed: int, max_tokens: int | None = None,
                   between: float = 0.9, growth: float = 0.0) -> Workload:
     """A built-in name or a JSONL path."""
-    if spec in BUILTIN:
+    if spec in SYNTHETIC:
+        return BimodalWorkload(num_prompts=num_prompts, seed=seed, max_tokens=max_tokens, growth=growth)
+    if spec in TRACES:
         output, inp = load_marginals(spec)
         return TraceWorkload(spec, output, inp, num_prompts=num_prompts, seed=seed, between=between,
                              growth=growth, max_tokens=max_tokens)
     workload = JsonlWorkload(Path(spec), seed=seed, num_prompts=None, max_tokens=max_tokens)
     return workload
+
+
+def trace_lines(records) -> list[dict]:
+    """Workload lines from a training run's step records (metrics.jsonl): one per (step, prompt)
+    with the lengths and finish reasons of its samples that ended on their own ("stop" or
+    "length"); aborted requests are left out (their full length is unknown: censored) but counted."""
+    lines = []
+    for record in records:
+        by_prompt: dict[int, list] = {}
+        for prompt, num_tokens, reason in record.get("requests", ()):
+            by_prompt.setdefault(int(prompt), []).append((int(num_tokens), str(reason)))
+        for prompt, samples in sorted(by_prompt.items()):
+            done = [(n, r) for n, r in samples if r != "abort"]
+            if done:
+                lines.append({"step": int(record["step"]), "prompt": str(prompt), "lengths": [n for n, _ in done],
+                              "finish_reasons": [r for _, r in done], "aborted": len(samples) - len(done)})
+    return lines
+
+
+def export_trace(metrics_path: Path, out_path: Path) -> int:
+    """Write `trace_lines` of a run's metrics.jsonl to `out_path` (JSONL); returns the line count."""
+    metrics_path = Path(metrics_path)
+    if not metrics_path.is_file():
+        raise WorkloadError(f"{metrics_path}: no such metrics file (a run's RUN_DIR/metrics.jsonl)")
+    with open(metrics_path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    lines = trace_lines(records)
+    if not lines:
+        raise WorkloadError(f"{metrics_path}: no step record holds \"requests\" (written by rollpacker.loop)")
+    Path(out_path).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return len(lines)
