@@ -92,7 +92,11 @@ def run_policies(args: argparse.Namespace, size: str) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"error: {_shown(cmd)} failed:\n{proc.stderr[-3000:]}")
     plan = next((line for line in proc.stdout.splitlines() if line.startswith("memory plan")), "")
-    return {**json.loads((out / "compare.json").read_text()), "command": _shown(cmd), "memory_plan": plan}
+    peaks = [json.loads(line).get("cuda_peak_gib") for p in args.policies.split(",")
+             for line in (out / p.strip() / "metrics.jsonl").read_text().splitlines()]
+    peak = max((x for x in peaks if x is not None), default=None)
+    return {**json.loads((out / "compare.json").read_text()), "command": _shown(cmd), "memory_plan": plan,
+            "cuda_peak_gib": peak}
 
 
 def run_trainer(args: argparse.Namespace, size: str) -> dict:
@@ -174,7 +178,8 @@ def trainer_body(r: dict, header: str, command: str) -> str:
 
 def policies_body(s: dict, header: str) -> str:
     base = s["policies"][0]
-    lines = [header, "", f"Command: `{s['command']}`", "", f"`{s['memory_plan']}`", "",
+    peak = "" if s["cuda_peak_gib"] is None else f" Measured peak CUDA memory allocated: {s['cuda_peak_gib']} GiB."
+    lines = [header, "", f"Command: `{s['command']}`", "", f"`{s['memory_plan']}`{peak}", "",
              f"| policy | mean step s | {base}/policy step time | bubble ratio | mean reward | on-policy token fraction |",
              "|---|---|---|---|---|---|"]
     for p in s["policies"]:

@@ -27,6 +27,7 @@ def test_one_reference_step_runs_on_the_device(tiny_model, tmp_path, device):
     assert f"memory plan ({device}):" in proc.stdout and f" on {device}: " in proc.stdout
     (record,) = records(out)
     assert record["device"] == device and record["trained_prompts"] == 2 and record["generated_tokens"] > 0
+    assert ("cuda_peak_gib" in record) == (device == "cuda") and record.get("cuda_peak_gib", 1) > 0
     assert json.loads((out / "state" / "trainer" / "rollpacker_trainer.json").read_text())["step"] == 1
 
 

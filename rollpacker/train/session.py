@@ -116,6 +116,10 @@ class Session:
     def run_step(self) -> dict:
         record = self.loop.run_step()
         record["device"] = self.device
+        if self.device == "cuda":  # the measured peak, beside the memory plan's estimate
+            import torch
+
+            record["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
         report = self.rewards.step_report() if hasattr(self.rewards, "step_report") else None
         if report is not None:
             record.update({f"reward_{k}": v for k, v in _as_dict(report).items()})
