@@ -8,7 +8,10 @@ micro-batch):
 - engine weights: parameters x b (a second copy of the model, for rollout);
 - trainer: parameters x b for weights and again for gradients, plus AdamW's two moments in float32
   (8 bytes per parameter);
-- KV cache: capacity x (prompt + max_tokens) x layers x 2 (K and V) x kv_heads x head_dim x b;
+- KV cache: capacity x (prompt + max_tokens) x layers x 2 (K and V) x kv_heads x head_dim x b (what
+  the rows need; the embedded engine grows its cache by doubling, so it may hold up to twice that,
+  and both copies while it grows: slack the plan leaves out, to be checked against the measured
+  peak, `cuda_peak_gib` in each step record on CUDA);
 - activations saved for backward: T x layers x (6 x hidden + 2 x kv_heads x head_dim + 4 x ffn) x b
   (norm inputs and outputs, q, the attention output and the residual stream make about 6 x hidden;
   k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or memory-efficient
