@@ -11,8 +11,9 @@ tokenization, like SGLang with --skip-tokenizer-init.
 Theory of operation: the engine's API is synchronous and thread-safe; aiohttp runs on one event
 loop.  Submits, aborts and pause/continue are quick calls made from the loop; a weight update blocks,
 so it runs in the default executor.  One pump thread calls `engine.poll` and hands every event to the
-loop, which routes it to the waiting handler's queue by request id.  A stream whose client goes away
-aborts its request, as SGLang does.  Streamed progress chunks carry the running count only (the
+loop, which routes it to the waiting handler's queue by request id.  A client that goes away, streaming
+or not, aborts its request, as SGLang does (aiohttp cancels the handler of a closed connection:
+`handler_cancellation=True`), quietly.  Streamed progress chunks carry the running count only (the
 engine protocol reports counts); the final chunk carries every token id and log-prob.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -79,11 +81,14 @@ def _request_from_body(body: Any) -> GenerationRequest:
 
 
 class EngineServer:
-    """The aiohttp application over one engine.  `model_path` is what /get_model_info reports."""
+    """The aiohttp application over one engine.  `model_path` is what /get_model_info reports;
+    `ignore_eos` says whether the engine was built to never stop on EOS (a per-server setting here)."""
 
-    def __init__(self, engine: RolloutEngine, model_path: str, *, weight_version: int = 0) -> None:
+    def __init__(self, engine: RolloutEngine, model_path: str, *, weight_version: int = 0,
+                 ignore_eos: bool = False) -> None:
         self.engine = engine
         self.model_path = model_path
+        self.ignore_eos = ignore_eos
         self.weight_version = str(weight_version)
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.add_routes([
@@ -173,6 +178,8 @@ class EngineServer:
         try:
             body = await request.json()
             gen = _request_from_body(body)
+            if (body.get("sampling_params") or {}).get("ignore_eos") and not self.ignore_eos:
+                raise _BadRequest("sampling_params.ignore_eos is a server setting here: start rollpacker serve --ignore-eos")
             if gen.request_id in self._waiters:
                 raise _BadRequest(f"rid {gen.request_id!r} is already running")
             self.engine.submit([gen])
@@ -210,8 +217,10 @@ class EngineServer:
                     gen.request_id, event.num_tokens, len(gen.prompt_ids), self.weight_version)))
             await response.write(sse(None))
             await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            self._abort_quietly([gen.request_id])  # the client went away: free the slot
+        except ConnectionResetError:  # the client went away mid-stream: free the slot, log nothing
+            self._abort_quietly([gen.request_id])
+        except asyncio.CancelledError:  # the connection closed (handler cancellation)
+            self._abort_quietly([gen.request_id])
             raise
         return response
 
@@ -323,15 +332,28 @@ def run(args: argparse.Namespace) -> int:
     from rollpacker.backends.models import resolve_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    check_port_free(args.host, args.port)  # before the model loads, not after
     model_dir = resolve_model(args.model)
     engine = EmbeddedEngine(
         model_dir, capacity=args.capacity, dtype=args.dtype, seed=args.seed,
         progress_every=args.progress_every, stop_token_ids=() if args.ignore_eos else None,
     )
-    server = EngineServer(engine, str(model_dir))
+    server = EngineServer(engine, str(model_dir), ignore_eos=args.ignore_eos)
     try:
         web.run_app(server.app, host=args.host, port=args.port, print=lambda *a: log.info(*a),
-                    handle_signals=True, shutdown_timeout=2.0)
+                    handle_signals=True, shutdown_timeout=2.0, handler_cancellation=True)
     finally:
         engine.close()
     return 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A `ConfigError` naming --port when it cannot be bound (in use, or not ours to bind)."""
+    from rollpacker.core.errors import ConfigError
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+            probe.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"--port {port} on {host}: cannot listen there ({exc.strerror}); pick another --port") from None

@@ -56,6 +56,14 @@ def os_reason(exc: BaseException, path: Path) -> str:
     return getattr(exc, "strerror", None) or str(exc).splitlines()[0]
 
 
+def write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed write raises: OS errors, torch's RuntimeError, and DCP's CheckpointException
+    (a BaseException that wraps each rank's error)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return OSError, RuntimeError, CheckpointException
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -177,7 +185,7 @@ class RunDir:
                 shutil.copy2(item, tmp / item.name)
         try:
             save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
-        except (OSError, RuntimeError) as exc:
+        except write_errors() as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise SaveError(f"writing the HF checkpoint {target} failed: {os_reason(exc, self.path)}; "
                             f"the resumable state in {self.path / STATE} is intact") from None
@@ -195,7 +203,7 @@ class RunDir:
             trainer.save(tmp / "trainer")
             (tmp / SCHEDULER_FILE).write_text(json.dumps(scheduler))
             (tmp / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=1))
-        except (OSError, RuntimeError) as exc:  # torch reports a full disk as RuntimeError("unexpected pos")
+        except write_errors() as exc:  # torch reports a full disk as RuntimeError("unexpected pos")
             shutil.rmtree(tmp, ignore_errors=True)
             kept = f"the previous state in {self.path / STATE} is intact" if (self.path / STATE).exists() else \
                 "no state was saved yet"

@@ -1,0 +1,226 @@
+"""The fault suite: what a user hits at the edges, each case ending in one clear line or a recovered
+run (no step logged twice, no prompt lost or trained twice).  Real processes throughout: the
+reference trainer on the tiny random Llama, `rollpacker serve` on 127.0.0.1 with a client that
+really disconnects.  The README's "Faults" table lists these cases and the existing tests that
+cover the others (kill mid-rollout, kill during the state save, hung / raising / NaN scorer, dead
+rollout server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from test_reference_train import ROOT, TRAIN, records, run_train, tiny_model  # noqa: F401 - fixture
+
+STATE_FILE_LIMIT = 30 << 20
+"""RLIMIT_FSIZE of the "full disk" case: the tiny model's trainer state (~50 MB) cannot be written,
+everything else (metrics, events, scheduler JSON) can."""
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def assert_one_clear_line(proc, returncode: int, *needles: str) -> str:
+    assert proc.returncode == returncode, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = error_lines(proc.stderr)
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+def trained_keys(run_dir: Path) -> list:
+    return [k for r in records(run_dir) for k in r["trained"]]
+
+
+# -- flags: every one checked in validate(), before any model loads ------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["--temperature", "-1"], "--temperature"),
+        (["--lr", "-1"], "--lr"),
+        (["--lr", "nan"], "--lr"),
+        (["--top-p", "2"], "--top-p"),
+        (["--max-tokens", "100000"], "--max-tokens 100000"),
+        (["--reward-deadline-s", "0"], "--reward-deadline-s"),
+        (["--rollout", "sglang", "--sglang-urls", "notaurl"], "--sglang-urls"),
+        (["--tp", "2"], "--nproc"),
+        (["--out", "/proc/nope"], "--out /proc/nope"),
+    ],
+)
+def test_bad_flag_is_one_line_naming_it_before_any_model_loads(tiny_model, tmp_path, args, flag):
+    start = time.monotonic()
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", tmp_path / "run", *args,
+                     check=False, timeout=100)
+    assert_one_clear_line(proc, 2, flag)
+    assert "Loading weights" not in proc.stderr and time.monotonic() - start < 60
+
+
+# -- run directories and --resume -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model, tmp_path_factory) -> Path:
+    """A finished 1-step run; tests that change it work on a copy."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_a_new_run_into_a_used_directory_refuses(tiny_model, finished_run):
+    before = (finished_run / "metrics.jsonl").read_text()
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", finished_run, "--steps", 1,
+                     check=False, timeout=100)
+    assert_one_clear_line(proc, 2, f"--resume {finished_run}", "fresh --out")
+    assert (finished_run / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("args,flag", [(["--policy", "sorted"], "--policy sorted"), (["--lr", "0.1"], "--lr 0.1")])
+def test_resume_refuses_a_flag_that_would_change_the_run(finished_run, args, flag):
+    proc = run_train("--resume", finished_run, "--steps", 2, *args, check=False, timeout=100)
+    assert_one_clear_line(proc, 2, flag, "only --steps may change")
+    assert [r["step"] for r in records(finished_run)] == [0]
+
+
+@pytest.mark.timeout(300)
+def test_resume_with_no_steps_left_says_so_without_loading(finished_run):
+    proc = run_train("--resume", finished_run, "--steps", 1, timeout=100)
+    assert "nothing to do" in proc.stdout and "--steps 2" in proc.stdout
+    assert "Loading weights" not in proc.stderr and [r["step"] for r in records(finished_run)] == [0]
+
+
+# -- Ctrl-C and a full disk: one line, then the run resumes with nothing lost or repeated -----------
+
+@pytest.mark.timeout(400)
+def test_ctrl_c_is_one_line_and_exit_130_then_resume_trains_every_prompt_once(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    args = ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 4, "--max-tokens", 48]
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 200
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists() and records(out)):
+        time.sleep(0.1)
+    time.sleep(0.7)  # inside the next step
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    step = len(records(out))
+    assert stderr.strip().splitlines()[-1] == f"interrupted at step {step}; --resume {out} continues"
+    run_train("--resume", out, timeout=300)
+    assert [r["step"] for r in records(out)] == [0, 1, 2, 3]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 4 * 2, "a prompt was lost or trained twice"
+
+
+def _limit_file_size() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (STATE_FILE_LIMIT, STATE_FILE_LIMIT))
+
+
+@pytest.mark.timeout(400)
+def test_a_failed_save_is_one_line_keeps_the_previous_state_and_resumes(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    proc = subprocess.run([sys.executable, str(TRAIN), "--resume", str(out), "--steps", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=200, preexec_fn=_limit_file_size)
+    assert_one_clear_line(proc, 2, "saving the state of step 2", f"the previous state in {out / 'state'} is intact")
+    assert json.loads((out / "state" / "scheduler.json").read_text())["step"] == 1
+    assert not (out / "state.tmp").exists()
+    run_train("--resume", out, "--steps", 2, timeout=300)
+    assert [r["step"] for r in records(out)] == [0, 1]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 2 * 2
+
+
+def test_hf_checkpoint_files_are_readable_by_others(finished_run):
+    weights = finished_run / "checkpoints" / "step_1" / "model.safetensors"
+    assert weights.stat().st_mode & 0o044 == 0o044
+
+
+# -- rollpacker serve: disconnects, ignore_eos, a busy port ----------------------------------------
+
+def _server(tmp_path_factory, extra_args):
+    from rollpacker.backends.models import tiny_random_llama
+    from rollpacker.backends.sglang_launch import launch_servers
+
+    # a long context, so a 30000-token request runs far longer than the test waits for its abort
+    model = tiny_random_llama(tmp_path_factory.mktemp("tiny32k"), max_position_embeddings=32768)
+    return launch_servers(str(model), num_servers=1, kind="rollpacker", timeout_s=90, extra_args=extra_args)
+
+
+@pytest.fixture(scope="module")
+def ignore_eos_server(tmp_path_factory):
+    with _server(tmp_path_factory, ["--ignore-eos", "--capacity", "2"]) as group:
+        yield group
+
+
+def _get_status(url: str) -> int:
+    try:
+        return urllib.request.urlopen(url, timeout=5).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _post_then_disconnect(url: str, body: dict, after_s: float) -> None:
+    """A client that sends /generate, waits, and closes its socket without reading the answer."""
+    host, port = url.split("//")[1].rsplit(":", 1)
+    data = json.dumps(body).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(data), data))
+        time.sleep(after_s)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("stream", [False, True])
+def test_serve_aborts_a_request_whose_client_disconnects(ignore_eos_server, stream):
+    url = ignore_eos_server.urls[0]
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 30000}, "stream": stream}
+    _post_then_disconnect(url, body, after_s=1.0)
+    deadline = time.time() + 10  # /flush_cache answers 400 while any request runs
+    while _get_status(url + "/flush_cache") != 200:
+        assert time.time() < deadline, "the request kept generating after its client left"
+        time.sleep(0.2)
+    server_log = ignore_eos_server.servers[0].log_tail(20000)
+    assert "ERROR" not in server_log and "Traceback" not in server_log, server_log
+
+
+@pytest.mark.timeout(200)
+def test_serve_honours_ignore_eos_or_refuses_it(ignore_eos_server, tmp_path_factory):
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
+    status, answer = _post(ignore_eos_server.urls[0] + "/generate", body)
+    assert status == 200 and answer["meta_info"]["completion_tokens"] == 8
+    with _server(tmp_path_factory, ["--capacity", "2"]) as plain:
+        status, answer = _post(plain.urls[0] + "/generate", body)
+    assert status == 400 and "--ignore-eos" in answer["error"]["message"]
+
+
+@pytest.mark.timeout(120)
+def test_serve_on_a_busy_port_is_one_line_before_loading(ignore_eos_server):
+    port = ignore_eos_server.urls[0].rsplit(":", 1)[1]
+    proc = subprocess.run([sys.executable, "-m", "rollpacker.cli", "serve", "--port", port], cwd=ROOT,
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"--port {port}" in proc.stderr and "Loading weights" not in proc.stderr
