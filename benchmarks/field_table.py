@@ -157,11 +157,9 @@ Targets:
 {chr(10).join(verdicts(results))}
 {chr(10).join(lines)}
 """
-    if args.print:
-        print(body)
-    else:
+    if not args.print:
         write_section("Field baselines", body)
-        print(body)
+    print(body)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ POLICY_VARIANTS = [
     ("tail", {"defer_at": 1.0, "eta_responses": 1.0}),
     ("sorted", {}),
     ("sorted", {"prefetch": False}),
+    ("sorted", {"longest_first": True}),
+    ("sorted", {"mode": "partial", "longest_first": True}),
     ("sorted", {"mode": "partial", "staleness": 1}),
     ("sorted", {"mode": "partial", "staleness": 2, "group_batches": 2}),
     ("partial", {"staleness": 1}),

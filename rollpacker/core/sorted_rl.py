@@ -13,7 +13,9 @@ partial responses are kept (with their policy versions) as long as no token lags
 
 Beyond the paper, `prefetch=True` (default) loads the next group as soon as fewer than 2P prompts
 of the current one are left: the group's last update batch would otherwise run with only P prompts
-in flight and drain the engine like a sync round.  `prefetch=False` is the paper's strict grouping.
+in flight and drain the engine like a sync round.  `prefetch=False` is the paper's strict grouping.  `longest_first=True` launches the loaded prompts
+longest-predicted first (core/sibling_prediction.py): the engine's capacity goes to the longest work
+first, instead of the dataset order.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from attrs.validators import in_
 
 from .policy_base import PolicyBase, _positive, non_negative
 from .round_state import NORMAL, Group, PlannerState
+from .sibling_prediction import longest_first
 
 MODES = ("on_policy", "partial")
 
@@ -38,6 +41,8 @@ class SortedPolicy(PolicyBase):
     """Partial mode: most policy versions a trained token may lag."""
     prefetch: bool = True
     """Load the next group when fewer than 2P prompts of the current one are left."""
+    longest_first: bool = False
+    """Launch the loaded prompts longest-predicted first (else in dataset order)."""
 
     def __attrs_post_init__(self) -> None:
         if self.capacity is None:
@@ -59,7 +64,8 @@ class SortedPolicy(PolicyBase):
         carried = {g.prompt: g for g in state.carried}
         fresh = self.fresh_groups(tuple(k for k in loaded if k not in carried), self.samples)
         by_prompt = {g.prompt: g for g in fresh} | carried
-        groups = [by_prompt[k] for k in loaded]
+        order = longest_first(loaded, pool.history) if self.longest_first else loaded
+        groups = [by_prompt[k] for k in order]
         return attrs.evolve(state, pool=pool, loaded=loaded), NORMAL, groups
 
     def close_round(self, state: PlannerState, kind: str, incomplete: list[Group]) -> PlannerState:
