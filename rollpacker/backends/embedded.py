@@ -373,7 +373,7 @@ class EmbeddedEngine:
 
     def _verify(self, rows, drafts, cache_lens, params):
         """One forward over each row's last token and its drafts; the emitted tokens per row."""
-        k = self._speculator.num_tokens
+        k = max(len(d) for d in drafts)  # the forward is only as wide as the longest draft
         pad = self._runner.pad_token_id
         ids = torch.tensor([[r.tokens[-1], *d, *[pad] * (k - len(d))] for r, d in zip(rows, drafts)],
                            dtype=torch.long)

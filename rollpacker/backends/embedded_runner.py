@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "rollpacker_slots"
 _ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_MAX_VERIFY_WIDTH = 64  # columns past the context a verify forward may write (drafts beyond the end)
 _MATMUL_MAX_QUERY = 16  # above this many query tokens per row (prefill), use SDPA's fused kernels
 
 
@@ -144,6 +145,7 @@ class Runner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.pad_token_id = pad_token_id
         self.capacity = capacity
+        self.max_cols = int(getattr(config, "max_position_embeddings", 0) or 1 << 20) + _MAX_VERIFY_WIDTH
         self.attention = attention
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = self.is_cuda if use_graphs is None else use_graphs
@@ -162,11 +164,13 @@ class Runner:
 
     @torch.inference_mode()
     def reserve(self, num_cols: int) -> None:
-        """Make every slot hold at least `num_cols` columns (grows by doubling; drops graphs)."""
+        """Make every slot hold at least `num_cols` columns (grows by doubling, never past the
+        model's context plus a verify's width; drops graphs)."""
         if self.cache is not None and self.cache.length >= num_cols:
             return
         step = 64
         length = max(num_cols, 2 * self.cache.length if self.cache is not None else 0)
+        length = max(num_cols, min(length, self.max_cols))
         length = -(-length // step) * step
         if self.cache is None:
             self.cache = SlotCache(self.num_layers, self.capacity, self.kv_heads, self.head_dim, length,

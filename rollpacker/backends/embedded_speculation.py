@@ -58,8 +58,8 @@ class Speculator:
     def __init__(self, *, max_rows: int, num_tokens: int, ngram: int) -> None:
         if max_rows < 0:
             raise ConfigError(f"spec_max_rows must be >= 0, got {max_rows}")
-        if num_tokens < 1:
-            raise ConfigError(f"spec_tokens must be >= 1, got {num_tokens}")
+        if not 1 <= num_tokens <= 32:
+            raise ConfigError(f"spec_tokens must be in [1, 32], got {num_tokens}")
         if ngram < 1:
             raise ConfigError(f"spec_ngram must be >= 1, got {ngram}")
         self.max_rows = max_rows
