@@ -255,3 +255,31 @@ def test_default_model_converts_once_from_the_gguf(tmp_path, monkeypatch):
     config = json.loads((first / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
     assert resolve_model(None) == first
+
+
+@pytest.mark.timeout(120)
+def test_slot_cache_allocated_once_and_rows_move_without_changing_outputs(tiny):
+    """With the row length known up front the cache never grows; a row moved into a freed slot
+    (the engine's compaction) decodes exactly as if it had stayed."""
+    from rollpacker.backends.embedded_runner import Runner
+
+    model, _ = tiny
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
+
+    def greedy(runner, rows, steps, drop_first_after=None):
+        toks = [[int(t)] for t in runner.prefill(0, [prompts[r] for r in rows]).argmax(-1)]
+        for step in range(steps):
+            if step == drop_first_after:  # row 0 leaves: the last row moves into its slot
+                runner.move(len(rows) - 1, 0, len(prompts[rows[-1]]) + len(toks[-1]) - 1)
+                rows, toks = rows[1:], toks[1:]
+            lens = [len(prompts[r]) + len(t) - 1 for r, t in zip(rows, toks)]
+            out = runner.decode(torch.tensor([[t[-1]] for t in toks]), lens)[:, 0].argmax(-1)
+            for t, x in zip(toks, out.tolist()):
+                t.append(x)
+        return toks
+
+    fixed = Runner(model, 0, capacity=2, cols_per_slot=40)
+    moved = greedy(fixed, [0, 1], 30, drop_first_after=10)
+    assert fixed.cache.length == 64  # 40 rounded up to the allocation step, never grown
+    alone = greedy(Runner(model, 0, capacity=2), [1], 30)
+    assert moved == alone

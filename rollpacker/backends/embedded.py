@@ -100,6 +100,8 @@ class EmbeddedEngine:
     faster there), matmul on CUDA (graph-friendly, no per-head copy of the cache).  cuda_graphs: None = on
     CUDA.  spec_max_rows: speculative decoding when at most this many rows run (0: off);
     spec_tokens: draft tokens per row and verify step; spec_ngram: longest suffix matched.
+    kv_tokens_per_row: KV cache columns per row allocated at once (the longest prompt plus the most
+    new tokens); None: the cache grows by doubling as rows get longer.
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class EmbeddedEngine:
         spec_max_rows: int = 4,
         spec_tokens: int = 4,
         spec_ngram: int = 3,
+        kv_tokens_per_row: int | None = None,
     ):
         if capacity < 1:
             raise ConfigError(f"capacity must be >= 1, got {capacity}")
@@ -144,7 +147,7 @@ class EmbeddedEngine:
         if attention is None:
             attention = "matmul" if next(model.parameters()).device.type == "cuda" else "sdpa"
         self._runner = Runner(model, pad_token_id=int(pad), capacity=capacity, attention=attention,
-                              use_graphs=cuda_graphs)
+                              use_graphs=cuda_graphs, cols_per_slot=kv_tokens_per_row)
         self._capacity = capacity
         self._progress_every = progress_every
         self._admit_fraction = admit_fraction

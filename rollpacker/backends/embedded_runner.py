@@ -127,11 +127,14 @@ class Runner:
     attention: "matmul" (our grouped matmul kernel, graph-friendly) or "sdpa" (torch's fused
     kernels) for decode; prefill always uses SDPA.  use_graphs: capture decode in CUDA graphs
     (None: on CUDA only).  col_multiple: the columns a decode attends to are rounded up to this
-    (a graph is reused for every length in its bucket).
+    (a graph is reused for every length in its bucket).  cols_per_slot: allocate this many columns
+    per slot at once (prompt + max new tokens: the cache then never grows, and holds exactly what
+    a memory plan counts); None grows by doubling.
     """
 
     def __init__(self, model, pad_token_id: int, capacity: int, *, attention: str = "matmul",
-                 use_graphs: bool | None = None, col_multiple: int | None = None) -> None:
+                 use_graphs: bool | None = None, col_multiple: int | None = None,
+                 cols_per_slot: int | None = None) -> None:
         if attention not in ("matmul", "sdpa"):
             raise ValueError(f"attention must be 'matmul' or 'sdpa', got {attention!r}")
         self.model = model
@@ -146,6 +149,7 @@ class Runner:
         self.pad_token_id = pad_token_id
         self.capacity = capacity
         self.max_cols = int(getattr(config, "max_position_embeddings", 0) or 1 << 20) + _MAX_VERIFY_WIDTH
+        self.cols_per_slot = cols_per_slot
         self.attention = attention
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = self.is_cuda if use_graphs is None else use_graphs
@@ -169,7 +173,7 @@ class Runner:
         if self.cache is not None and self.cache.length >= num_cols:
             return
         step = 64
-        length = max(num_cols, 2 * self.cache.length if self.cache is not None else 0)
+        length = max(num_cols, 2 * self.cache.length if self.cache is not None else self.cols_per_slot or 0)
         length = max(num_cols, min(length, self.max_cols))
         length = -(-length // step) * step
         if self.cache is None:

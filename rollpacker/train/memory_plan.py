@@ -8,10 +8,10 @@ micro-batch):
 - engine weights: parameters x b (a second copy of the model, for rollout);
 - trainer: parameters x b for weights and again for gradients, plus AdamW's two moments in float32
   (8 bytes per parameter);
-- KV cache: capacity x (prompt + max_tokens) x layers x 2 (K and V) x kv_heads x head_dim x b (what
-  the rows need; the embedded engine grows its cache by doubling, so it may hold up to twice that,
-  and both copies while it grows: slack the plan leaves out, to be checked against the measured
-  peak, `cuda_peak_gib` in each step record on CUDA);
+- KV cache: capacity x (prompt + max_tokens + spec_tokens) x layers x 2 (K and V) x kv_heads x
+  head_dim x b: the embedded engine allocates exactly these columns per row at once
+  (`kv_tokens_per_row`; a verify forward may write spec_tokens past a row's end), so it never
+  grows; `cuda_peak_gib` in each step record on CUDA is the measured peak to compare with;
 - activations saved for backward: T x layers x (6 x hidden + 2 x kv_heads x head_dim + 4 x ffn) x b
   (norm inputs and outputs, q, the attention output and the residual stream make about 6 x hidden;
   k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or memory-efficient
@@ -80,6 +80,8 @@ class MemoryPlan:
     """Bytes available on the device."""
     device: str
     dtype: str = "float32"
+    kv_tokens_per_row: int = 0
+    """KV cache columns per engine row the plan counts (the engine allocates these)."""
 
     @property
     def total(self) -> int:
@@ -104,7 +106,7 @@ class MemoryPlan:
 
 def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
                 micro_batch_tokens: int, trainer: str, budget: int, device: str,
-                with_engine: bool = True) -> MemoryPlan:
+                with_engine: bool = True, spec_tokens: int = 0) -> MemoryPlan:
     """The plan's items in bytes (the module docstring gives each formula); `with_engine` False leaves
     out the engine's weights and KV cache (rollout on SGLang servers)."""
     b = DTYPE_BYTES[dtype]
@@ -116,13 +118,14 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
     items = {
         "engine_weights": params * b,
         "trainer_state": params * (2 * b + 8),
-        "kv_cache": engine_capacity * sequence * shape.num_layers * 2 * shape.kv_dim * b,
+        "kv_cache": engine_capacity * (sequence + spec_tokens) * shape.num_layers * 2 * shape.kv_dim * b,
         "activations": batch_tokens * shape.num_layers * per_token_layer * b,
         "logits": logit_tokens * shape.vocab * 4 * 2,
     }
     if not with_engine:
         del items["engine_weights"], items["kv_cache"]
-    return MemoryPlan(items=items, budget=budget, device=device, dtype=dtype)
+    return MemoryPlan(items=items, budget=budget, device=device, dtype=dtype,
+                      kv_tokens_per_row=sequence + spec_tokens)
 
 
 def device_budget(device: str) -> int:

@@ -95,7 +95,8 @@ class Session:
         from rollpacker.backends.embedded import EmbeddedEngine
 
         return EmbeddedEngine(model, capacity=self.config.engine_capacity, seed=self.config.seed, device=self.device,
-                              spec_max_rows=self.config.spec_max_rows, spec_tokens=self.config.spec_tokens)
+                              spec_max_rows=self.config.spec_max_rows, spec_tokens=self.config.spec_tokens,
+                              kv_tokens_per_row=self.memory_plan.kv_tokens_per_row)
 
     @property
     def step(self) -> int:
@@ -170,7 +171,7 @@ def plan_run_memory(config: RunConfig, model_dir, prompts: TaskPrompts, device: 
                        engine_capacity=config.engine_capacity, prompt_tokens=longest_prompt,
                        max_tokens=config.max_tokens, micro_batch_tokens=config.micro_batch_tokens,
                        trainer=config.trainer, budget=device_budget(device), device=device,
-                       with_engine=config.rollout == "embedded")
+                       with_engine=config.rollout == "embedded", spec_tokens=config.spec_tokens)
 
 
 def follower_main(config: RunConfig) -> None:
