@@ -31,6 +31,7 @@ POLICIES = {
     "RollPacker tail": ("tail", {}, BASE, "fixed"),
     "APRIL partial": ("partial", {}, BASE, "fixed"),
     "SortedRL": ("sorted", {}, BASE, "fixed"),
+    "sync + speculation": ("sync", {}, SPEC, "fixed"),
     "ours (fixed TP)": ("tail", {}, SPEC, "fixed"),
     "ours-best": ("tail", {}, SPEC, "plan"),
 }
@@ -48,6 +49,36 @@ SETTINGS = {
 }
 WORKLOADS = [("servegen-r1", 0.9), ("servegen-r1", 0.5), ("synthetic-bimodal", 0.9)]
 DATASET = 512
+READING = """Reading the tables (simulator only; the reward is a stand-in; figures from the run of 2026-11-23,
+10 steps, seed 11):
+
+- The lever is speculation in the tail, not the schedule: *ours (fixed TP)* is RollPacker tail with the
+  same rounds and the same kept samples, and is 1.3-2.6x faster than it on every row, because a long
+  round spends most of its time with a few requests per instance, where decode is memory-bound and a
+  verify step of 5 tokens costs about one plain step.  Its effect scales with the assumed acceptance
+  (0.7 per token, 2.8 tokens per verify step): rerun with `--set spec.acceptance=` once the embedded
+  engine's `speculation_stats` give a measured figure.  Sync gains from it too (sync + speculation is
+  2.4-2.7x sync at the artifact config and at 32k in our scans), so part of ours-best's lead is the engine, not the policy.
+- Elastic TP (`--tp-mode plan`) pays at 16k/32k on servegen (32k 64x7B: 10.0x vs 8.3x fixed TP) and
+  costs where rounds are short or every round wants the same TP (artifact 8k, synthetic-bimodal): each
+  TP change costs `engine.tp_switch_s` = 10 s (an assumption).  So *ours-best* is not the best row
+  everywhere: *ours (fixed TP)* beats it on the artifact config and on synthetic-bimodal.
+- Sibling-aware scheduling in the core (`defer_at`, `longest_first`) measured slower, so both are off by
+  default and not in ours-best: artifact config, tail 27.7 s/step vs 31.9 (`defer_at 0.9`) and 30.7
+  (`defer_at 0.8`): deferring groups early fills the long queue sooner and long rounds dominate;
+  32k 64x7B, tail 44.9 vs 47.6 with `longest_first` (seed 7, dataset 16 P), sorted 30.1 vs 32.0.
+- SortedRL has the shortest tails and the most tokens/s, but throws away 74-84% of what it generates
+  and trains the shortest answers first: the strongest length bias (kept 856 vs launched 1,990 tokens
+  at the artifact config), and it falls behind sync on synthetic-bimodal at 16k/32k.
+- Bias: sync keeps exactly what it launches.  Response-only over-sampling keeps the 8 shortest of 12
+  (kept 1,027 vs 1,243 tokens at between 0.9; 781 vs 1,285 at 0.5), raising the stand-in reward by
+  0.03-0.06.  For the tail family "launched" counts a deferred prompt's samples twice (once aborted in a
+  short round, once in its long round), so kept < launched there mixes the group bias with the
+  relaunch; prompt-only over-sampling (exactly R per group) still keeps shorter samples because the
+  long prompts' short-round launches are counted.  Speculation is lossless, so ours has tail's bias.
+- APRIL partial trains 44-73% of its tokens on-policy (staleness 1); every other policy 100%.
+- synthetic-bimodal (a quarter of the prompts hard, around half the cap): every policy gains less
+  (RollPacker tail 1.3-1.7x), since a quarter of each step's groups run near the cap whatever the schedule."""
 
 
 def whole_periods(steps: list[dict]) -> list[dict]:
@@ -145,7 +176,8 @@ resume next step (staleness 1); *SortedRL* = on-policy grouped loading (n = 4); 
 lossless speculative decoding when an instance runs <= 32 requests (acceptance 0.7 per drafted token, 4 drafts:
 an assumption in the range Seer / TLT / DAS report; `--set spec.acceptance=` takes the engine's measured
 figure) + cost-model TP per round (`--tp-mode plan`, 10 s per TP switch); *ours (fixed TP)* is ours-best
-without elastic TP.
+without elastic TP; *sync + speculation* is the veRL baseline on the same speculating engine (how much of
+ours-best's lead is the engine rather than the schedule).
 
 Columns: *tail s* = time the last 10% of a round's finished requests take (Seer's tail latency);
 *tokens/s* = generated tokens / rollout time; *kept / launched len* and *reward* = mean length and a
@@ -155,6 +187,8 @@ length the workload drew for it): the length bias of each policy.
 
 Targets:
 {chr(10).join(verdicts(results))}
+
+{READING}
 {chr(10).join(lines)}
 """
     if not args.print:
