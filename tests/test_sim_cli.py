@@ -60,3 +60,18 @@ def test_bad_input_fails_before_work(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_spec_and_sibling_knob_flags(tmp_path):
+    out = tmp_path / "out.json"
+    proc = simulate("--policy", "tail", "--spec", "--defer-at", "0.8", "--longest-first", "on", "--prompts", "8",
+                    "--samples", "4", "--steps", "3", "--instances", "2", "--json", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["config"]["knobs"] == {"defer_at": 0.8, "longest_first": True}
+    assert result["constants"]["spec"]["enabled"] is True
+    assert {"tail_s", "tokens_per_s", "kept_mean_length", "launched_mean_reward"} <= set(result["total"])
+    bad = simulate("--policy", "tail", "--defer-at", "1.5", "--steps", "1")
+    assert bad.returncode == 2 and "defer_at must be a number in (0, 1]" in bad.stderr
+    bad = simulate("--policy", "tail", "--longest-first", "maybe", "--steps", "1")
+    assert bad.returncode == 2 and "expected on or off" in bad.stderr
