@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
         follower_main(config)
         return 0
     run_dir = RunDir(config.out)  # not writable: one line naming --out, before any model loads
-    if not config.compare and not has_work(config, run_dir):
+    if not has_work(config, run_dir):
         return 0
     try:
         if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
@@ -58,10 +58,12 @@ def main(argv: list[str]) -> int:
 
 
 def has_work(config: RunConfig, run_dir: RunDir) -> bool:
-    """A new run needs an unused directory; a resumed one needs steps left to train."""
+    """A new run needs an unused directory (and --compare unused ones per policy); a resumed one
+    needs steps left to train."""
     if config.resume is None:
-        if run_dir.holds_a_run():
-            raise ConfigError(f"--out {run_dir.path} already holds a run; continue it with --resume {run_dir.path} "
+        policy_dirs = [RunDir(run_dir.path / name) for name in config.compare_policies()] if config.compare else []
+        for used in (d for d in (run_dir, *policy_dirs) if d.holds_a_run()):
+            raise ConfigError(f"--out {used.path} already holds a run; continue it with --resume {used.path} "
                               f"or start a new one with a fresh --out")
         return True
     done = run_dir.saved_step()

@@ -75,8 +75,8 @@ def test_bad_flag_is_one_line_naming_it_before_any_model_loads(tiny_model, tmp_p
 
 @pytest.fixture(scope="module")
 def finished_run(tiny_model, tmp_path_factory) -> Path:
-    """A finished 1-step run; tests that change it work on a copy."""
-    out = tmp_path_factory.mktemp("finished") / "run"
+    """A finished 1-step run, in a directory named after its policy; tests that change it work on a copy."""
+    out = tmp_path_factory.mktemp("finished") / "tail"
     run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1)
     return out
 
@@ -88,6 +88,14 @@ def test_a_new_run_into_a_used_directory_refuses(tiny_model, finished_run):
                      check=False, timeout=100)
     assert_one_clear_line(proc, 2, f"--resume {finished_run}", "fresh --out")
     assert (finished_run / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.timeout(120)
+def test_compare_into_a_used_directory_refuses(tiny_model, finished_run):
+    """--compare writes one run per policy under --out: a used one refuses too."""
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", finished_run.parent,
+                     "--compare", "sync,tail", check=False, timeout=100)
+    assert_one_clear_line(proc, 2, f"--out {finished_run} already holds a run")
 
 
 @pytest.mark.timeout(300)

@@ -13,11 +13,14 @@ state or the new one, never half of one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,23 @@ def write_errors() -> tuple[type[BaseException], ...]:
     from torch.distributed.checkpoint.api import CheckpointException
 
     return OSError, RuntimeError, CheckpointException
+
+
+@contextlib.contextmanager
+def interrupt_after():
+    """Hold Ctrl-C until the block ends: torch's writers turn a KeyboardInterrupt raised inside a
+    write into RuntimeError("unexpected pos"), so a save finishes first and the interrupt follows."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 class RunDir:
@@ -195,7 +215,11 @@ class RunDir:
         return target
 
     def save_state(self, config, scheduler: dict, trainer) -> None:
-        """Resumable state of a finished step, replaced atomically."""
+        """Resumable state of a finished step, replaced atomically (a Ctrl-C waits for it)."""
+        with interrupt_after():
+            self._save_state(config, scheduler, trainer)
+
+    def _save_state(self, config, scheduler: dict, trainer) -> None:
         tmp = self.path / (STATE + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
