@@ -109,13 +109,16 @@ def main() -> None:
     parser.add_argument("--spec-tokens", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     model, tokenizer = load_model(None, dtype=dtype, device=args.device)
     meta = {"command": "python benchmarks/spec_decode.py " + " ".join(sys.argv[1:]),
             "machine": (torch.cuda.get_device_name() if args.device == "cuda"
-                        else f"{platform.machine()} {os.cpu_count()} CPU cores"),
+                        else f"{platform.machine()} {os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads"),
             "torch": torch.__version__, "dtype": dtype, "group": args.group, "max_tokens": args.max_tokens,
             "spec_tokens": args.spec_tokens, "repeats": args.repeats}
     lines = []

@@ -27,18 +27,15 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 import traceback
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from attrs import define, field
 
 from rollpacker.backends._drain import drain
+from rollpacker.backends.embedded_batch import Row, RunningBatch
 from rollpacker.backends.embedded_runner import Runner
-from rollpacker.backends.embedded_sampling import sample, verify
 from rollpacker.backends.embedded_speculation import SpeculationStats, Speculator
 from rollpacker.backends.embedded_weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
@@ -52,36 +49,6 @@ class UnknownRequest(SchedulerMisuse):
 
 class EngineFailed(RollpackerError):
     """The engine's decode thread died; the cause is chained."""
-
-
-@define(eq=False)
-class _Row:
-    request: GenerationRequest
-    tokens: list[int]
-    """Prompt (+ resumed prefix) then the generated tokens; the cache holds all but the last."""
-    num_prompt: int
-    max_new: int
-    seed: int
-    version: int = -1
-    logprobs: list[float] = field(factory=list)
-    is_done: bool = False
-    num_reported: int = 0
-
-    @property
-    def rid(self) -> str:
-        return self.request.request_id
-
-    @property
-    def num_generated(self) -> int:
-        return len(self.tokens) - self.num_prompt
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.tokens[self.num_prompt :]
-
-    @property
-    def cache_len(self) -> int:
-        return len(self.tokens) - 1
 
 
 class EmbeddedEngine:
@@ -132,7 +99,7 @@ class EmbeddedEngine:
             raise ConfigError(f"admit_fraction must be in [0, 1], got {admit_fraction}")
         if attention not in (None, "matmul", "sdpa"):
             raise ConfigError(f"attention must be 'matmul' or 'sdpa' (None: by device), got {attention!r}")
-        self._speculator = Speculator(max_rows=spec_max_rows, num_tokens=spec_tokens, ngram=spec_ngram)
+        speculator = Speculator(max_rows=spec_max_rows, num_tokens=spec_tokens, ngram=spec_ngram)
         if model is None or isinstance(model, (str, os.PathLike)):
             model, _ = load_model(model, dtype=dtype, device=device)
         self.model = model.eval()
@@ -146,18 +113,22 @@ class EmbeddedEngine:
         pad = config.pad_token_id if config.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
         if attention is None:
             attention = "matmul" if next(model.parameters()).device.type == "cuda" else "sdpa"
-        self._runner = Runner(model, pad_token_id=int(pad), capacity=capacity, attention=attention,
-                              use_graphs=cuda_graphs, cols_per_slot=kv_tokens_per_row)
+        runner = Runner(model, pad_token_id=int(pad), capacity=capacity, attention=attention,
+                        use_graphs=cuda_graphs, cols_per_slot=kv_tokens_per_row)
         self._capacity = capacity
-        self._progress_every = progress_every
-        self._admit_fraction = admit_fraction
-        self._max_prefill_tokens = max_prefill_tokens
+        self._device = runner.device
+        # Owned by the loop thread.
+        self._batch = RunningBatch(
+            runner, speculator, capacity=capacity, admit_fraction=admit_fraction,
+            max_prefill_tokens=max_prefill_tokens, stop_token_ids=self.stop_token_ids,
+            progress_every=progress_every, on_progress=self._progress, on_finish=self._finish)
+        self._speculator = speculator
         self._seeds = torch.Generator().manual_seed(seed)
-        self._version = weight_version
+        self._version = self._batch.version = weight_version
 
         # Shared with the loop thread, guarded by _cond.
         self._cond = threading.Condition()
-        self._inbox: list[_Row] = []
+        self._inbox: list[Row] = []
         self._aborts: list[str] = []
         self._weight_jobs: list[tuple[dict, int, threading.Event, list]] = []
         self._is_paused = False
@@ -167,9 +138,6 @@ class EmbeddedEngine:
         self._failure: BaseException | None = None
         self._out: queue.Queue = queue.Queue()
 
-        # Owned by the loop thread.
-        self._waiting: deque[_Row] = deque()
-        self._rows: list[_Row] = []  # Invariant: row i lives in cache slot i; finished rows leave at once
         self._thread = threading.Thread(target=self._loop, name="rollpacker-embedded", daemon=True)
         self._thread.start()
 
@@ -271,7 +239,7 @@ class EmbeddedEngine:
         if self._failure is not None:
             raise EngineFailed("the embedded engine's decode loop failed") from self._failure
 
-    def _validate(self, r: GenerationRequest, batch_ids: set[str]) -> _Row:
+    def _validate(self, r: GenerationRequest, batch_ids: set[str]) -> Row:
         if not isinstance(r, GenerationRequest):
             raise ConfigError(f"submit expects GenerationRequest, got {type(r).__name__}")
         rid = r.request_id
@@ -293,7 +261,7 @@ class EmbeddedEngine:
         seed = 0
         if r.temperature > 0:
             seed = r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-        return _Row(r, prompt, len(prompt), min(r.max_new_tokens, self.context_len - len(prompt)), int(seed))
+        return Row(r, prompt, len(prompt), min(r.max_new_tokens, self.context_len - len(prompt)), int(seed))
 
     # -- the loop (engine thread) -----------------------------------------------------------------
 
@@ -305,12 +273,12 @@ class EmbeddedEngine:
                         if self._is_closed:
                             return
                         work = self._take_commands()
-                        if work or (not self._is_paused and (self._waiting or self._num_live())):
+                        if work or (not self._is_paused and self._batch.has_work):
                             break
                         self._cond.wait()
                     is_paused = self._is_paused
-                if not is_paused and (self._waiting or self._num_live()):
-                    self._step()
+                if not is_paused and self._batch.has_work:
+                    self._batch.step()
         except BaseException as exc:  # surfaced by poll/submit
             traceback.print_exc()
             self._failure = exc
@@ -320,170 +288,44 @@ class EmbeddedEngine:
     def _take_commands(self) -> bool:
         """Apply queued submissions, aborts and weight updates (lock held). True if any."""
         work = bool(self._inbox or self._aborts or self._weight_jobs)
-        self._waiting.extend(self._inbox)
+        self._batch.waiting.extend(self._inbox)
         self._inbox.clear()
         if self._aborts:
-            ids = set(self._aborts)
+            self._batch.abort(self._aborts)
             self._aborts.clear()
-            for row in self._rows:
-                if not row.is_done and row.request.request_id in ids:
-                    self._finish(row, "abort")
-            kept = deque()
-            for row in self._waiting:
-                if row.request.request_id in ids:
-                    self._finish(row, "abort")
-                else:
-                    kept.append(row)
-            self._waiting = kept
         for state, version, done, error in self._weight_jobs:
             try:
                 apply_state(self.model, state)
-                self._version = version
+                self._version = self._batch.version = version
             except Exception as exc:  # reported to the caller of update_weights
                 error.append(exc)
             done.set()
         self._weight_jobs.clear()
         return work
 
-    def _num_live(self) -> int:
-        return len(self._rows)
+    def _progress(self, row: Row, now: float) -> None:
+        self._out.put(GenerationProgress(row.rid, row.num_generated, now))
 
-    def _step(self) -> None:
-        self._compact()
-        self._admit()
-        if not self._rows:
-            if not self._waiting and not self._runner.is_cuda:
-                self._runner.release()  # idle: give the KV cache's memory back to the trainer
-            return
-        rows = self._rows
-        drafts = self._speculator.drafts([(r.rid, r.max_new - r.num_generated) for r in rows])
-        params = self._sampling_params(rows)
-        cache_lens = [r.cache_len for r in rows]
-        if drafts is None:
-            ids = torch.tensor([[r.tokens[-1]] for r in rows], dtype=torch.long)
-            logits = self._runner.decode(ids, cache_lens)[:, 0]
-            tokens, logprobs = sample(logits, *params)
-            emitted = [[t] for t in tokens.tolist()]
-            emitted_lp = [[lp] for lp in logprobs.tolist()]
-        else:
-            emitted, emitted_lp = self._verify(rows, drafts, cache_lens, params)
-        now = time.monotonic()
-        for row, toks, lps in zip(rows, emitted, emitted_lp):
-            for tok, lp in zip(toks, lps):
-                if self._append(row, tok, lp, now):
-                    break
-        self._compact()
-
-    def _verify(self, rows, drafts, cache_lens, params):
-        """One forward over each row's last token and its drafts; the emitted tokens per row."""
-        k = max(len(d) for d in drafts)  # the forward is only as wide as the longest draft
-        pad = self._runner.pad_token_id
-        ids = torch.tensor([[r.tokens[-1], *d, *[pad] * (k - len(d))] for r, d in zip(rows, drafts)],
-                           dtype=torch.long)
-        num_drafts = [len(d) for d in drafts]
-        logits = self._runner.decode(ids, cache_lens)
-        device = logits.device
-        tokens, logprobs, accepted = verify(
-            logits, ids[:, 1:].to(device), torch.tensor(num_drafts, device=device), *params)
-        accepted = accepted.tolist()
-        self._speculator.record(num_drafts, accepted)
-        tokens, logprobs = tokens.tolist(), logprobs.tolist()
-        return ([t[: a + 1] for t, a in zip(tokens, accepted)],
-                [lp[: a + 1] for lp, a in zip(logprobs, accepted)])
-
-    def _sampling_params(self, rows: list[_Row]) -> tuple[torch.Tensor, ...]:
-        """(temperature, top_p, seed, counter) per row, on the model's device; top_p is None
-        when no row cuts a nucleus (saves sorting the vocabulary)."""
-        device = self._runner.device
-        top_p = [r.request.top_p for r in rows]
-        return (
-            torch.tensor([r.request.temperature for r in rows], dtype=torch.float32, device=device),
-            torch.tensor(top_p, dtype=torch.float32, device=device) if min(top_p) < 1.0 else None,
-            torch.tensor([r.seed for r in rows], dtype=torch.long, device=device),
-            torch.tensor([r.num_generated for r in rows], dtype=torch.long, device=device),
-        )
-
-    def _compact(self) -> None:
-        """Take finished rows out of the batch: the last row moves into each freed slot."""
-        rows = self._rows
-        for i in range(len(rows) - 1, -1, -1):
-            if not rows[i].is_done:
-                continue
-            last = rows.pop()
-            if i < len(rows):
-                self._runner.move(len(rows), i, last.cache_len)
-                rows[i] = last
-
-    def _admit(self) -> None:
-        """Prefill waiting requests into the free slots, batched (see `admit_fraction`)."""
-        num_live = len(self._rows)
-        admit = self._pick_admissions(self._capacity - num_live)
-        if not admit:
-            return
-        if num_live and len(admit) < max(1, int(self._admit_fraction * num_live)) and self._waiting:
-            self._waiting.extendleft(reversed(admit))
-            return
-        for row in admit:
-            row.version = self._version
-            self._speculator.track(row.rid, row.request.group or row.rid, row.tokens, row.num_prompt)
-        logits = self._runner.prefill(num_live, [r.tokens for r in admit])
-        self._rows.extend(admit)
-        tokens, logprobs = sample(logits, *self._sampling_params(admit))
-        now = time.monotonic()
-        for row, tok, lp in zip(admit, tokens.tolist(), logprobs.tolist()):
-            self._append(row, tok, lp, now)
-
-    def _pick_admissions(self, free: int) -> list[_Row]:
-        admit, budget = [], self._max_prefill_tokens
-        while self._waiting and len(admit) < free:
-            size = len(self._waiting[0].tokens)
-            if admit and size > budget:
-                break
-            budget -= size
-            admit.append(self._waiting.popleft())
-        return admit
-
-    def _append(self, row: _Row, token: int, logprob: float, now: float) -> bool:
-        """Record one generated token; finish the row on a stop token or its length.  True if done."""
-        row.tokens.append(token)
-        row.logprobs.append(logprob)
-        n = row.num_generated
-        if token in self.stop_token_ids:
-            self._finish(row, "stop", now)
-        elif n >= row.max_new:
-            self._finish(row, "length", now)
-        elif n - row.num_reported >= self._progress_every:
-            row.num_reported = n
-            self._out.put(GenerationProgress(row.rid, n, now))
-        return row.is_done
-
-    def _finish(self, row: _Row, reason: str, now: float | None = None) -> None:
-        row.is_done = True
-        rid = row.request.request_id
-        self._speculator.release(rid)
+    def _finish(self, row: Row, reason: str, now: float) -> None:
         self._out.put(
             GenerationResult(
-                request_id=rid,
+                request_id=row.rid,
                 token_ids=tuple(row.token_ids),
                 logprobs=tuple(row.logprobs),
                 finish_reason=reason,
                 weight_version=row.version if row.version >= 0 else self._version,
-                at=time.monotonic() if now is None else now,
+                at=now,
             )
         )
         with self._cond:
-            self._live_ids.discard(rid)
+            self._live_ids.discard(row.rid)
 
     def _close_all(self) -> None:
         """On close or failure, every request still in flight ends as aborted."""
         with self._cond:
-            self._waiting.extend(self._inbox)
+            self._batch.waiting.extend(self._inbox)
             self._inbox.clear()
-        for row in list(self._rows) + list(self._waiting):
-            if not row.is_done:
-                self._finish(row, "abort")
-        self._rows, self._waiting = [], deque()
+        self._batch.abort_all()
         for _, _, done, error in self._weight_jobs:
             error.append(EngineFailed("the engine closed before the weight update"))
             done.set()
-
