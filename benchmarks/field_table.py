@@ -57,8 +57,13 @@ READING = """Reading the tables (simulator only; the reward is a stand-in; figur
   round spends most of its time with a few requests per instance, where decode is memory-bound and a
   verify step of 5 tokens costs about one plain step.  Its effect scales with the assumed acceptance
   (0.7 per token, 2.8 tokens per verify step): rerun with `--set spec.acceptance=` once the embedded
-  engine's `speculation_stats` give a measured figure.  Sync gains from it too (sync + speculation is
-  2.4-2.7x sync at the artifact config and at 32k in our scans), so part of ours-best's lead is the engine, not the policy.
+  engine's `speculation_stats` give a measured figure.  Sync gains from it too (*sync + speculation*
+  is 2.1-2.7x sync), so part of ours-best's lead over the baselines is the engine, not the schedule;
+  against sync + speculation, ours-best is 1.3-2.3x on servegen (artifact config, 8k/16k/32k, both
+  `between`) and 3.7-3.8x at 32k 64x7B, and it loses on synthetic-bimodal at 8k, 16k and 32k
+  (34.0 vs 32.8 s, 134 vs 99 s, 326 vs 244 s per step): there a
+  quarter of each step's prompts are hard, tail batching defers them into long rounds of nothing but
+  near-cap requests, and sync with speculation runs them mixed with short ones instead.
 - Elastic TP (`--tp-mode plan`) pays at 16k/32k on servegen (32k 64x7B: 10.0x vs 8.3x fixed TP) and
   costs where rounds are short or every round wants the same TP (artifact 8k, synthetic-bimodal): each
   TP change costs `engine.tp_switch_s` = 10 s (an assumption).  So *ours-best* is not the best row
