@@ -38,7 +38,7 @@ from results_md import RESULTS, write_section  # noqa: E402
 # (full, tiny) sizes of each part
 # full: sized for an 80 GB GPU and SmolLM2-135M, untimed there yet; transformers' continuous
 # batching is left out of the engine part to bound the campaign's time (engine_throughput.py runs it)
-ENGINE_SIZES = {"full": ["--requests", "256", "--cap", "2048", "--batch", "128", "--skip-hf-cb"],
+ENGINE_SIZES = {"full": ["--requests", "256", "--cap", "1024", "--batch", "128", "--skip-hf-cb"],
                 "tiny": ["--requests", "4", "--cap", "8", "--batch", "4", "--skip-hf-cb", "--repeats", "1"]}
 TRAINER_SIZES = {"full": dict(batch=8, prompt=256, response=768, iters=5), "tiny": dict(batch=2, prompt=8, response=8, iters=2)}
 TRAIN_SIZES = {"full": ["--steps", "6", "--prompts", "16", "--samples", "8", "--max-tokens", "1024",
