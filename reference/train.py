@@ -95,7 +95,7 @@ def resumed_config(flags: RunConfig, argv: list[str]) -> RunConfig:
     for key, value in saved.items():
         if key in ("tail", "sorted", "partial"):
             value = type(getattr(config, key))(**value)
-        elif key in ("out", "resume") and value is not None:
+        elif key in ("out", "resume", "dataset") and value is not None:
             value = Path(value)
         elif isinstance(value, list):
             value = tuple(value)
@@ -137,7 +137,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
         else:
             session.save()  # a kill during the first step resumes from here
         print(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "
-              f"{len(session.prompts)} problems, model {session.model_dir}")
+              f"{len(session.prompts)} prompts, model {session.model_dir}")
         while session.step < config.steps:
             bars.begin_step(session.step)
             record = session.run_step()

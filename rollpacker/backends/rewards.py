@@ -8,6 +8,10 @@ starts a replacement.  A scorer that raises gives "error", one that returns NaN 
 both with reward 0; a worker that dies mid-job gives "error".  So every submitted job yields exactly
 one outcome, no later than its deadline after a worker took it.
 
+A scorer may return a float or a dict (veRL's reward functions do): the dict's "score" is the
+reward and its other numeric keys are metrics, averaged over the step's "ok" outcomes in
+`step_report().metrics`.
+
 The deadline counts from when a worker starts the job; the wait before that is reported as
 `queue_s`.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
 `step_report()` returns the counts and queue latency since the previous call.
@@ -29,10 +33,12 @@ from typing import Any
 from attrs import define, field, frozen
 
 from rollpacker.backends._drain import drain
+from rollpacker.backends.reward_fns import split_result
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import RewardJob, RewardOutcome
 
-Scorer = Callable[[str, Any, str], float]
+Scorer = Callable[[str, Any, str], Any]
+"""(task, entry, response) -> float, or a dict with "score" and metrics."""
 
 
 @frozen
@@ -50,6 +56,8 @@ class RewardStepReport:
     queue_s_max: float
     latency_s_mean: float
     num_workers_replaced: int
+    metrics: dict = field(factory=dict)
+    """Mean of each metric a dict-returning scorer reported, over the "ok" outcomes that had it."""
 
 
 def _worker_main(conn, scorer: Scorer, warmup: Callable[[], None] | None) -> None:
@@ -69,12 +77,14 @@ def _worker_main(conn, scorer: Scorer, warmup: Callable[[], None] | None) -> Non
             return
         job_id, task, entry, response = msg
         start = time.perf_counter()
+        metrics: dict[str, float] = {}
         try:
-            reward = float(scorer(task, entry, response))
+            reward, metrics = split_result(scorer(task, entry, response))
             status, error = ("ok", "") if math.isfinite(reward) else ("nan", f"scorer returned {reward}")
         except BaseException as exc:  # noqa: BLE001 - any scorer failure is a recorded outcome
             status, error, reward = "error", f"{type(exc).__name__}: {exc}"[:500], 0.0
-        conn.send((job_id, status, reward if status == "ok" else 0.0, error, time.perf_counter() - start))
+        ok = status == "ok"
+        conn.send((job_id, status, reward if ok else 0.0, error, time.perf_counter() - start, metrics if ok else {}))
 
 
 @define(eq=False)
@@ -96,6 +106,18 @@ class _Stats:
     replaced: int = 0
     queue_s: list[float] = field(factory=list)
     latency_s: list[float] = field(factory=list)
+    metric_sums: dict[str, list[float]] = field(factory=dict)
+    """Metric name -> [sum, count] over "ok" outcomes."""
+
+    def add_metrics(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            if math.isfinite(value):
+                acc = self.metric_sums.setdefault(key, [0.0, 0])
+                acc[0] += value
+                acc[1] += 1
+
+    def metric_means(self) -> dict[str, float]:
+        return {key: total / count for key, (total, count) in sorted(self.metric_sums.items())}
 
 
 class ProcessRewardExecutor:
@@ -190,6 +212,7 @@ class ProcessRewardExecutor:
             queue_s_max=max(q) if q else 0.0,
             latency_s_mean=sum(lat) / len(lat) if lat else 0.0,
             num_workers_replaced=s.replaced,
+            metrics=s.metric_means(),
         )
 
     # -- dispatcher thread ------------------------------------------------------------------------
@@ -251,10 +274,10 @@ class ProcessRewardExecutor:
         if msg[0] == "ready":
             w.is_ready = True
             return
-        job_id, status, reward, error, latency = msg
+        job_id, status, reward, error, latency, metrics = msg
         job, w.job = w.job, None
         if job is not None and job.request_id == job_id:
-            self._record(job, w.job_started - w.job_submitted, status, reward, error, latency)
+            self._record(job, w.job_started - w.job_submitted, status, reward, error, latency, metrics)
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
@@ -277,10 +300,12 @@ class ProcessRewardExecutor:
         if not is_closed:
             self._workers.append(self._spawn())
 
-    def _record(self, job: RewardJob, queue_s: float, status: str, reward: float, error: str, latency: float) -> None:
+    def _record(self, job: RewardJob, queue_s: float, status: str, reward: float, error: str, latency: float,
+                metrics: dict[str, float] | None = None) -> None:
         with self._lock:
             self._in_flight.discard(job.request_id)
             setattr(self._stats, status, getattr(self._stats, status) + 1)
+            self._stats.add_metrics(metrics or {})
             self._stats.queue_s.append(queue_s)
             self._stats.latency_s.append(latency)
         self._out.put(RewardOutcome(job.request_id, reward, status, latency_s=latency, queue_s=queue_s, error=error))

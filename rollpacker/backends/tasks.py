@@ -118,12 +118,9 @@ def _plain(entry: Mapping[str, Any]) -> dict:
 
 def render_prompt(tokenizer, problem: Problem) -> list[int]:
     """Prompt token ids: the question plus the task's instruction, in the model's chat template."""
-    content = f"{problem.question}\n{task_spec(problem.task).instruction}"
-    messages = [{"role": "user", "content": content}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    from rollpacker.backends.prompt_rows import chat_ids, rows_from_problems
+
+    return chat_ids(tokenizer, rows_from_problems([problem])[0].messages)
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")

@@ -75,6 +75,22 @@ class RunConfig:
     """reasoning-gym tasks of the dataset (default: the package's default mix)."""
     dataset_size: int = 256
     """Problems generated for the dataset (an epoch)."""
+    dataset: Path | None = None
+    """Your own data instead of --tasks: a JSONL or Parquet file (every row, an epoch).  veRL's layout
+    (prompt: chat messages, data_source, reward_model.ground_truth, extra_info) unless --prompt-key
+    and --answer-key name the columns of a plain one."""
+    prompt_key: str | None = None
+    """--dataset column holding the prompt (text or chat messages); with --answer-key."""
+    answer_key: str | None = None
+    """--dataset column holding the ground truth the reward compares against; with --prompt-key."""
+    skip_long_rows: bool = False
+    """Skip (and count, at the start of the run) --dataset rows whose prompt plus --max-tokens exceeds
+    the model's context, instead of stopping on the first."""
+    reward: str | None = None
+    """math (math-verify against the ground truth), reasoning-gym (the task's scorer), or your function
+    as module:function or path/file.py:function with veRL's signature compute_score(data_source,
+    solution_str, ground_truth, extra_info) -> float | dict (default: reasoning-gym for --tasks, math for
+    --dataset)."""
     # -- policy ----------------------------------------------------------------------------------
     policy: Literal["sync", "tail", "sorted", "partial"] = "tail"
     """Round planner policy."""
@@ -144,7 +160,7 @@ class RunConfig:
                      "reward_workers", "micro_batch_tokens", "nproc"):
             if getattr(self, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(self, flag)}")
-        if self.prompts > self.dataset_size:
+        if self.prompts > self.dataset_size and self.dataset is None:
             raise ConfigError(f"--prompts ({self.prompts}) is larger than --dataset-size ({self.dataset_size})")
         if self.spec_max_rows < 0 or self.spec_tokens < 1:
             raise ConfigError(f"--spec-max-rows must be >= 0 and --spec-tokens >= 1, got "
@@ -160,6 +176,42 @@ class RunConfig:
             self.build_policy(name)  # raises ConfigError naming a bad knob
         self._check_trainer()
         self._check_context()
+        self._check_data()
+
+    def reward_name(self) -> str:
+        """--reward, or its default for the data source."""
+        return self.reward or ("math" if self.dataset is not None else "reasoning-gym")
+
+    def load_rows(self):
+        """The dataset as PromptRows: the --dataset file, or --tasks problems generated from the seed."""
+        from rollpacker.backends.prompt_rows import rows_from_problems
+        from rollpacker.backends.tasks import make_problems
+
+        if self.dataset is None:
+            return rows_from_problems(make_problems(list(self.tasks) or None, size=self.dataset_size, seed=self.seed))
+        from rollpacker.backends.dataset_file import Layout, read_rows
+
+        return read_rows(self.dataset, Layout(self.prompt_key, self.answer_key))
+
+    def _check_data(self) -> None:
+        """--dataset rows, its keys and --reward, before any model loads (the prompts' token lengths
+        need the tokenizer: Session checks them before the weights load)."""
+        from rollpacker.backends.reward_fns import check_reward, check_rows
+
+        if self.dataset is None and (self.prompt_key or self.answer_key or self.skip_long_rows):
+            raise ConfigError("--prompt-key, --answer-key and --skip-long-rows apply to --dataset PATH only")
+        if self.dataset is not None and self.tasks:
+            raise ConfigError("--dataset and --tasks both name the data: pass one")
+        if (self.prompt_key is None) != (self.answer_key is None):
+            raise ConfigError("--prompt-key and --answer-key go together (the plain layout); pass both, or neither "
+                              "for veRL's layout")
+        check_reward(self.reward_name())
+        if self.dataset is None:
+            return
+        rows = self.load_rows()
+        if self.prompts > len(rows):
+            raise ConfigError(f"--prompts ({self.prompts}) is larger than --dataset {self.dataset} ({len(rows)} rows)")
+        check_rows(self.reward_name(), rows)
 
     def _check_sampling_and_times(self) -> None:
         """Float flags: finite and in range (a NaN fails every comparison, so test the good range)."""

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rollpacker.core import BatcherConfig, Scheduler
+from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob
 from rollpacker.loop import LoopConfig, StepLoop
 from rollpacker.train.config import RunConfig, resolve_device
@@ -19,27 +20,54 @@ from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
 
 
-class TaskPrompts:
-    """The dataset as `StepLoop` sees it: reasoning-gym problems rendered with the chat template."""
+class RowPrompts:
+    """The dataset as `StepLoop` sees it: `PromptRow`s (reasoning-gym problems or the --dataset file)
+    with their prompts rendered by the chat template; a reward job carries the row's data_source,
+    ground truth and extra_info to the scorer."""
 
-    def __init__(self, problems, tokenizer, deadline_s: float) -> None:
-        from rollpacker.backends.tasks import render_prompt
-
-        self.problems = problems
+    def __init__(self, rows, prompt_ids, tokenizer, deadline_s: float) -> None:
+        self.rows = rows
         self.tokenizer = tokenizer
         self.deadline_s = deadline_s
-        self._ids = [tuple(render_prompt(tokenizer, p)) for p in problems]
+        self._ids = prompt_ids
 
     def __len__(self) -> int:
-        return len(self.problems)
+        return len(self.rows)
 
     def prompt_ids(self, index: int) -> tuple[int, ...]:
         return self._ids[index]
 
     def reward_job(self, request_id: str, index: int, response_ids: Sequence[int]) -> RewardJob:
-        problem = self.problems[index]
+        row = self.rows[index]
         text = self.tokenizer.decode(list(response_ids), skip_special_tokens=True)
-        return RewardJob(request_id, problem.task, problem.entry, text, self.deadline_s)
+        entry = {"ground_truth": row.ground_truth, "extra_info": row.extra_info}
+        return RewardJob(request_id, row.data_source, entry, text, self.deadline_s)
+
+
+def load_prompts(config: RunConfig, model_dir: Path) -> RowPrompts:
+    """The run's rows rendered with the model's tokenizer (loaded alone: the weights are not read
+    yet), each checked against the context; prints what was read and anything skipped."""
+    from transformers import AutoTokenizer
+
+    from rollpacker.backends.models import read_config_json
+    from rollpacker.backends.prompt_rows import render_rows
+
+    rows = config.load_rows()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    context = read_config_json(model_dir).get("max_position_embeddings")
+    kept, ids, skipped = render_rows(rows, tokenizer, context=context, max_tokens=config.max_tokens,
+                                     skip_long=config.skip_long_rows)
+    if config.dataset is not None:
+        line = f"dataset {config.dataset}: {len(rows)} rows, reward {config.reward_name()}"
+        if skipped:
+            shown = ", ".join(w.rpartition(" row ")[2] for w in skipped[:10]) + (", ..." if len(skipped) > 10 else "")
+            line += f"; {len(skipped)} skipped (prompt + --max-tokens {config.max_tokens} over the context of " \
+                    f"{context}: rows {shown})"
+        print(line, flush=True)
+    if config.prompts > len(kept):
+        raise ConfigError(f"--prompts ({config.prompts}) is larger than the {len(kept)} rows of --dataset "
+                          f"{config.dataset} that fit the context")
+    return RowPrompts(kept, ids, tokenizer, config.reward_deadline_s)
 
 
 def init_distributed_env() -> tuple[int, int]:
@@ -53,25 +81,24 @@ class Session:
     def __init__(self, config: RunConfig, run_dir: RunDir, policy: str | None = None,
                  scheduler_state: dict | None = None,
                  on_progress: Callable[[str, dict], None] | None = None) -> None:
+        from rollpacker.backends import reward_fns
         from rollpacker.backends.models import load_model, resolve_model
         from rollpacker.backends.rewards import ProcessRewardExecutor
-        from rollpacker.backends.tasks import make_problems
         from rollpacker.backends.titan_model import read_hf_config
 
         self.config = config
         self.run_dir = run_dir
         self.model_dir = resolve_model(config.model)
         read_hf_config(self.model_dir)  # unsupported architecture: fail before anything heavy
-        problems = make_problems(list(config.tasks) or None, size=config.dataset_size, seed=config.seed)
+        self.prompts = load_prompts(config, self.model_dir)  # a row too long fails here, before the weights
         self.device = resolve_device(config.device)
-        model, tokenizer = load_model(self.model_dir, dtype=config.dtype, device=self.device)
-        self.prompts = TaskPrompts(problems, tokenizer, config.reward_deadline_s)
+        model, _ = load_model(self.model_dir, dtype=config.dtype, device=self.device)
         self.memory_plan = plan_run_memory(config, self.model_dir, self.prompts, self.device)
         print(self.memory_plan.line(), flush=True)
         self.memory_plan.check()  # before the trainer and the KV cache, the big items, are built
         self.policy = config.build_policy(policy)
         self.scheduler = Scheduler(
-            self.policy, num_prompts=len(problems), seed=config.seed,
+            self.policy, num_prompts=len(self.prompts), seed=config.seed,
             batcher=BatcherConfig(token_budget=config.micro_batch_tokens, advantage=config.advantage,
                                   loss_aggregation=config.loss_aggregation,
                                   dynamic_sampling=config.dynamic_sampling),
@@ -81,7 +108,9 @@ class Session:
         if init_distributed_env()[1] > 1:
             self.trainer = LeaderTrainer(self.trainer)
         self.engine = self._build_engine(model)
-        self.rewards = ProcessRewardExecutor(config.reward_workers)
+        reward = config.reward_name()
+        self.rewards = ProcessRewardExecutor(config.reward_workers, scorer=reward_fns.scorer(reward),
+                                             warmup=reward_fns.warmup(reward))
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
                              LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,
                                         step_timeout_s=config.step_timeout_s),
@@ -124,6 +153,7 @@ class Session:
         report = self.rewards.step_report() if hasattr(self.rewards, "step_report") else None
         if report is not None:
             record.update({f"reward_{k}": v for k, v in _as_dict(report).items()})
+            record.update({f"reward_metric_{k}": v for k, v in getattr(report, "metrics", {}).items()})
         spec = getattr(self.engine, "speculation_stats", None)
         if spec is not None:  # cumulative over the run: accepted draft tokens per row and verify step
             record.update(spec_verify_steps=spec.num_verify_steps,
@@ -160,7 +190,7 @@ def build_trainer(config: RunConfig, model_dir):
     return TitanTrainer(TitanConfig(**common, dp_shard=config.dp_shard, tp=config.tp))
 
 
-def plan_run_memory(config: RunConfig, model_dir, prompts: TaskPrompts, device: str):
+def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: str):
     """The memory plan of this run on `device` (engine and trainer colocated; for --rollout sglang
     the engine's items are the servers', so only the trainer's count)."""
     from rollpacker.backends.models import read_config_json

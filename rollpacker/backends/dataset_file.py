@@ -1,0 +1,143 @@
+"""`--dataset PATH`: the user's JSONL or Parquet file as `PromptRow`s, read with Hugging Face
+`datasets`, in one of the two layouts RL users bring.
+
+    verl   (default)  prompt: list of chat messages, data_source, reward_model.ground_truth,
+                      extra_info (optional): veRL's RL parquet, as its data preprocessors write it
+    plain  (--prompt-key K --answer-key A)  K: text or chat messages, A: the ground truth; the
+                      row's other columns become extra_info, data_source is the file's stem
+                      unless the row has a data_source column
+
+Rows count from 0, as `datasets` indexes them.  A missing key, an empty prompt, an empty file or a
+line that is not JSON is a `DatasetError` naming the file, the row and the key; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+
+from rollpacker.backends.prompt_rows import PromptRow
+from rollpacker.core.errors import ConfigError
+
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+class DatasetError(ConfigError):
+    """The --dataset file cannot be used; names the file, and the row and key when it is one row."""
+
+
+@frozen
+class Layout:
+    """Which keys of a row hold the prompt and the ground truth (None: veRL's layout)."""
+
+    prompt_key: str | None = None
+    answer_key: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "verl" if self.prompt_key is None else "plain"
+
+
+def read_rows(path: str | Path, layout: Layout = Layout()) -> list[PromptRow]:
+    """Every row of `path` as a PromptRow (errors name the file, row and key)."""
+    path = Path(path)
+    table = _load(path)
+    if len(table) == 0:
+        raise DatasetError(f"--dataset {path}: the file holds no rows")
+    needed = ("prompt", "data_source", "reward_model") if layout.prompt_key is None else \
+        (layout.prompt_key, layout.answer_key)
+    for key in needed:
+        if key not in table.column_names:
+            flag = {layout.prompt_key: " (--prompt-key)", layout.answer_key: " (--answer-key)"}.get(key, "")
+            raise DatasetError(f"--dataset {path} row 0: key {key!r}{flag} is missing; columns: "
+                               f"{', '.join(table.column_names)}" + _layout_hint(layout))
+    to_row = _verl_row if layout.prompt_key is None else _plain_row
+    return [to_row(record, f"{path} row {i}", path, layout) for i, record in enumerate(table)]
+
+
+def _load(path: Path):
+    """The file as a `datasets.Dataset` (kept in memory; its cache goes to rollpacker's folder)."""
+    if not path.is_file():
+        raise DatasetError(f"--dataset {path}: no such file")
+    kind = FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise DatasetError(f"--dataset {path}: unknown format {path.suffix!r}; use .jsonl or .parquet")
+    if path.stat().st_size == 0:
+        raise DatasetError(f"--dataset {path}: the file holds no rows")
+    import datasets
+
+    from rollpacker.backends.models import cache_dir
+
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train", keep_in_memory=True,
+                                     cache_dir=str(cache_dir() / "datasets"))
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors name no row: find it ourselves
+        raise DatasetError(_read_failure(path, kind, exc)) from None
+
+
+def _read_failure(path: Path, kind: str, exc: Exception) -> str:
+    if kind == "json":
+        for number, line in enumerate(path.read_text(errors="replace").splitlines()):
+            if not line.strip():
+                continue
+            try:
+                if not isinstance(json.loads(line), dict):
+                    return f"--dataset {path} line {number + 1}: not a JSON object"
+            except json.JSONDecodeError as bad:
+                return f"--dataset {path} line {number + 1}: not valid JSON ({bad.msg})"
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"--dataset {path}: cannot be read as {kind} ({reason})"
+
+
+def _layout_hint(layout: Layout) -> str:
+    if layout.prompt_key is None:
+        return " (veRL layout: prompt, data_source, reward_model.ground_truth; or pass --prompt-key and --answer-key)"
+    return ""
+
+
+def _verl_row(record: Mapping[str, Any], where: str, path: Path, layout: Layout) -> PromptRow:
+    reward_model = record.get("reward_model")
+    if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
+        raise DatasetError(f"--dataset {where}: key 'reward_model.ground_truth' is missing")
+    source = record.get("data_source")
+    if not isinstance(source, str) or not source:
+        raise DatasetError(f"--dataset {where}: key 'data_source' is missing or not a string")
+    extra = record.get("extra_info")
+    return PromptRow(messages=_messages(record.get("prompt"), where, "prompt"), data_source=source,
+                     ground_truth=reward_model["ground_truth"],
+                     extra_info=dict(extra) if isinstance(extra, Mapping) else {}, where=where)
+
+
+def _plain_row(record: Mapping[str, Any], where: str, path: Path, layout: Layout) -> PromptRow:
+    answer = record.get(layout.answer_key)
+    if answer is None:
+        raise DatasetError(f"--dataset {where}: key {layout.answer_key!r} (--answer-key) is missing")
+    source = record.get("data_source")
+    extra = {k: v for k, v in record.items() if k not in (layout.prompt_key, layout.answer_key)}
+    return PromptRow(messages=_messages(record.get(layout.prompt_key), where, layout.prompt_key),
+                     data_source=source if isinstance(source, str) and source else path.stem,
+                     ground_truth=answer, extra_info=extra, where=where)
+
+
+def _messages(value: Any, where: str, key: str) -> tuple[dict, ...]:
+    """A prompt value as chat messages: a non-empty string is one user message; a list must hold
+    {"role", "content"} string pairs."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise DatasetError(f"--dataset {where}: key {key!r} is empty")
+        return ({"role": "user", "content": value},)
+    if not isinstance(value, (list, tuple)) or not value:
+        raise DatasetError(f"--dataset {where}: key {key!r} is missing or empty (expected text or a list of "
+                           f"chat messages)")
+    messages = []
+    for n, m in enumerate(value):
+        if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise DatasetError(f"--dataset {where}: key {key!r} message {n} is not "
+                               f"{{'role': str, 'content': str}}")
+        messages.append({"role": m["role"], "content": m["content"]})
+    return tuple(messages)
