@@ -45,6 +45,8 @@ class RandomDriver:
         self.aborts_sent: set[str] = set()
         self.aborted_answers: set[str] = set()
         """Requests whose answer was RequestAborted."""
+        self.rewarded: set[str] = set()
+        """Requests whose RewardScored the scheduler has handled."""
 
     def _push(self, at: float, event) -> None:
         heapq.heappush(self.queue, (at, self.seq, event))
@@ -103,6 +105,8 @@ class RandomDriver:
                 del self.running[rid]
                 if isinstance(event, RequestAborted):
                     self.aborted_answers.add(rid)
+            elif isinstance(event, RewardScored):
+                self.rewarded.add(rid)
             self.execute(self.sched.handle(event))
             handled += 1
         return True

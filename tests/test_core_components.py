@@ -24,6 +24,7 @@ from rollpacker.core import (
     Segment,
     StreamBatcher,
     TrainMicroBatch,
+    advantages,
     bubble_ratio,
     request_id,
 )
@@ -184,6 +185,36 @@ def test_batcher_partitions_samples_and_normalises_to_the_full_batch(groups, bud
             by_group.setdefault(r.sample.prompt, []).append(r.advantage)
     for advs in by_group.values():
         assert abs(sum(advs)) < 1e-6 * max(1, len(advs))
+    scored: dict = {}  # a better reward gets a larger advantage: the gradient's sign
+    for r in (r for mb in micro for r in mb.samples):
+        scored.setdefault(r.sample.prompt, []).append((all_samples[r.sample.request_id][1], r.advantage))
+    for pairs in scored.values():
+        for (r1, a1), (r2, a2) in ((x, y) for x in pairs for y in pairs):
+            assert a1 >= a2 if r1 >= r2 else True
+            assert a1 > a2 if r1 > r2 + 1e-3 else True
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("grpo", [1.0, -1.0, -1.0, 1.0]),  # (r - mean) / population std, mean 0.5, std 0.5
+    ("grpo-mean", [0.5, -0.5, -0.5, 0.5]),  # r - mean (Dr. GRPO)
+    ("rloo", [2 / 3, -2 / 3, -2 / 3, 2 / 3]),  # r_i - mean of the other three
+])
+def test_advantages_match_hand_computed_values(kind, expected):
+    """Rewarded responses get positive advantages: a flipped sign would train away from them."""
+    got = advantages(np.array([1.0, 0.0, 0.0, 1.0]), kind, eps=0.0)
+    assert got == pytest.approx(expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rewards=st.lists(st.floats(-10, 10), min_size=2, max_size=16), kind=st.sampled_from(["grpo", "grpo-mean", "rloo"]))
+def test_advantages_keep_the_order_and_sign_of_rewards(rewards, kind):
+    r = np.array(rewards)
+    adv = advantages(r, kind, eps=1e-6)
+    above = r - r.mean() > 1e-6 * (1 + abs(r.mean()))
+    below = r - r.mean() < -1e-6 * (1 + abs(r.mean()))
+    assert (adv[above] > 0).all() and (adv[below] < 0).all()
+    order = np.argsort(r, kind="stable")
+    assert (np.diff(adv[order]) >= -1e-9).all()
 
 
 def test_batcher_refuses_bad_rewards():

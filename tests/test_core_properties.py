@@ -9,7 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import RandomDriver
-from rollpacker.core import Scheduler, make_policy
+from rollpacker.core import (
+    BatcherConfig,
+    GroupCompleted,
+    LaunchRequest,
+    OptimizerStep,
+    RequestFinished,
+    RewardScored,
+    RoundEnded,
+    Scheduler,
+    TrainMicroBatch,
+    make_policy,
+)
 from rollpacker.core.prompt_pool import COMPLETED
 
 POLICY_VARIANTS = [
@@ -141,6 +152,64 @@ def test_checkpoint_restore_at_any_point_keeps_exactly_once(name, knobs, run, cr
     assert not launched_ids & {c.request_id for c in driver2.launches}
     driver2.launches = driver.launches + driver2.launches
     check_no_loss(driver2, trained)
+
+
+class StreamingDriver(RandomDriver):
+    """Checks, after every command batch, that trainable samples are not held back: once a group is
+    complete and all its rewards are in, its samples go to the trainer as soon as they fill a
+    micro-batch, long before the optimizer step."""
+
+    def __init__(self, *args, token_budget: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.budget = token_budget
+        self.completed: list = []  # the samples of each group completed this step
+        self.sent: set[str] = set()
+
+    def execute(self, commands) -> None:
+        super().execute(commands)
+        for c in commands:
+            if isinstance(c, GroupCompleted):
+                self.completed.append(c.samples)
+            elif isinstance(c, TrainMicroBatch):
+                self.sent |= {r.sample.request_id for r in c.samples}
+            elif isinstance(c, OptimizerStep):
+                self.completed, self.sent = [], set()
+        ready = [s for group in self.completed if all(s.request_id in self.rewarded for s in group) for s in group]
+        held = [s for s in ready if s.request_id not in self.sent]
+        assert len(held) <= 1 or sum(s.num_tokens for s in held) <= self.budget, (
+            f"{len(held)} trainable samples ({sum(s.num_tokens for s in held)} tokens) held back, "
+            f"token budget {self.budget}"
+        )
+
+
+@pytest.mark.parametrize("name,knobs", [("sync", {}), ("tail", {}), ("sorted", {}), ("partial", {"staleness": 1})])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs, budget=st.integers(1, 300))
+def test_micro_batches_stream_before_the_optimizer_step(name, knobs, run, budget):
+    """Stream training: a micro-batch leaves as soon as ready samples fill it, not at the step's end."""
+    policy = make_policy(name, prompts=run["prompts"], samples=run["samples"], max_tokens=run["max_tokens"], **knobs)
+    sched = Scheduler(policy, num_prompts=run["prompts"] + run["extra_prompts"], seed=run["seed"],
+                      batcher=BatcherConfig(token_budget=budget))
+    driver = StreamingDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"], token_budget=budget,
+                             engine_fail_rate=run["fail_rate"])
+    for _ in range(run["steps"]):
+        driver.run_step()
+
+
+def test_a_finished_group_trains_while_the_round_still_runs():
+    """Sync P=2 R=2 with a 1-token budget: the first group, finished and scored, is trained while
+    the other group still generates (no RoundEnded yet)."""
+    sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=100), num_prompts=2,
+                      batcher=BatcherConfig(token_budget=1))
+    launches = [c for c in sched.begin_round() if isinstance(c, LaunchRequest)]
+    first = [c for c in launches if c.prompt == launches[0].prompt]
+    out = []
+    for c in first:
+        out += sched.handle(RequestFinished(c.request_id, 10, "stop"))
+    for c in first:
+        out += sched.handle(RewardScored(c.request_id, 1.0))
+    assert [type(c) for c in out if isinstance(c, (TrainMicroBatch, RoundEnded, OptimizerStep))] == [TrainMicroBatch]
+    assert not sched.step_done
 
 
 @settings(max_examples=30, deadline=None)
