@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollpacker.core.prompt_pool import LengthHistory
+from rollpacker.core.length_history import LengthHistory
 from rollpacker.core.records import PromptKey, Sample, Segment, request_id
 from rollpacker.core.round_state import Group
 from rollpacker.core.sibling_prediction import group_predictions, groups_to_defer, longest_first

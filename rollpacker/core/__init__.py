@@ -4,6 +4,7 @@ No torch, no I/O: state machines over frozen attrs state, `(state, event) -> (st
 A driver feeds events (events.py) from a backend and executes the commands (commands.py).
 """
 
+from .advantages import advantages
 from .commands import (
     AbortRequest,
     Command,
@@ -19,17 +20,14 @@ from .commands import (
 from .errors import ConfigError, RollpackerError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, RewardScored, TimeAdvanced, TokensGenerated
 from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
-from .partial_rollout import PartialPolicy
+from .length_history import LengthPrediction
 from .planner import Policy, RoundPlanner
-from .policies import POLICIES, make_policy, policy_knobs
-from .prompt_pool import LengthPrediction, PromptPool
+from .policies import POLICIES, PartialPolicy, SortedPolicy, SyncPolicy, TailPolicy, make_policy, policy_knobs
+from .prompt_pool import PromptPool
 from .records import PromptKey, Sample, ScoredSample, Segment, request_id, request_number
 from .round_state import PlannerState
 from .scheduler import Scheduler
-from .sorted_rl import SortedPolicy
-from .stream_batcher import BatcherConfig, StreamBatcher, advantages
-from .sync_rollout import SyncPolicy
-from .tail_batching import TailPolicy
+from .stream_batcher import BatcherConfig, StreamBatcher
 
 __all__ = [
     "AbortRequest", "BatcherConfig", "Command", "ConfigError", "EpochLedger", "Event", "GroupCompleted",

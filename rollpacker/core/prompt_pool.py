@@ -1,5 +1,5 @@
 """Length-aware prompt pool: which prompt comes next, where every prompt of the epoch is, and what
-its response lengths have been.
+its response lengths have been (the `LengthHistory` of length_history.py).
 
 Theory of operation
 -------------------
@@ -13,9 +13,8 @@ one of four states:
     completed  trained (drawn, and in neither `in_flight` nor `deferred`)
 
 Only the cursor, the returned and deferred queues and the in-flight set are stored; "completed" is
-derived, so the state stays small whatever the dataset size.  The length history is kept per
-dataset index (shared by all epochs) in numpy arrays that are replaced, never mutated, once per
-round (`record_lengths`), so every event stays cheap.
+derived, so the state stays small whatever the dataset size.  The length history is recorded once
+per round (`record_lengths`), so every event stays cheap.
 
     take(n)          fresh -> in flight (returned keys first, then the epoch order)
     take_deferred(n) deferred -> in flight (FIFO)
@@ -30,7 +29,6 @@ Invariant: each key is in exactly one state; an illegal move raises `SchedulerMi
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -38,15 +36,10 @@ import numpy as np
 from attrs import field, frozen
 
 from .errors import ConfigError, SchedulerMisuse
+from .length_history import LengthHistory, LengthPrediction, frozen_array
 from .records import PromptKey, positive_int
 
 FRESH, IN_FLIGHT, DEFERRED, COMPLETED = "fresh", "in_flight", "deferred", "completed"
-
-# Prior for prompts never seen: the pooled mean/spread of log length over all prompts seen so far.
-# A prompt's own mean is shrunk towards it with this many pseudo-observations; the optimal weight is
-# var(within a prompt) / var(between prompts), about 0.1 / 0.9 in public multi-sample data.
-PRIOR_WEIGHT = 0.25
-
 
 @functools.lru_cache(maxsize=8)
 def epoch_order(num_prompts: int, seed: int, epoch: int) -> np.ndarray:
@@ -62,98 +55,6 @@ def _epoch_position(num_prompts: int, seed: int, epoch: int) -> np.ndarray:
     position[epoch_order(num_prompts, seed, epoch)] = np.arange(num_prompts)
     position.flags.writeable = False
     return position
-
-
-def _frozen_array(values: np.ndarray) -> np.ndarray:
-    values.flags.writeable = False
-    return values
-
-
-@frozen
-class LengthPrediction:
-    """Predicted response length of a prompt, in log space (lengths are log-normal-ish)."""
-
-    mean_log: float
-    """Shrunk mean of log(length) over finished samples."""
-    std_log: float
-    """Spread of log(length) (pooled spread when the prompt has fewer than 2 samples)."""
-    count: int
-    """Finished samples seen."""
-    max_tokens: int
-    """Longest response seen, finished or cut (aborted / truncated)."""
-    censored: int
-    """Samples cut before finishing (aborted by a round, or truncated at max length)."""
-
-    @property
-    def median(self) -> float:
-        return math.exp(self.mean_log)
-
-    def quantile(self, z: float) -> float:
-        """Length at `z` standard deviations above the median, never below the longest seen."""
-        return max(math.exp(self.mean_log + z * self.std_log), float(self.max_tokens))
-
-
-@frozen
-class LengthHistory:
-    """Per-dataset-index length statistics (read-only arrays, replaced per round)."""
-
-    count: np.ndarray
-    sum_log: np.ndarray
-    sum_log2: np.ndarray
-    max_tokens: np.ndarray
-    censored: np.ndarray
-
-    @classmethod
-    def empty(cls, num_prompts: int) -> LengthHistory:
-        return cls(
-            *(
-                _frozen_array(np.zeros(num_prompts, dtype=dtype))
-                for dtype in (np.int64, np.float64, np.float64, np.int64, np.int64)
-            )
-        )
-
-    def record(self, indices: Sequence[int], lengths: Sequence[int], finished: Sequence[bool]) -> LengthHistory:
-        """New history with these observations; `finished=False` marks a cut (censored) sample."""
-        idx = np.asarray(indices, dtype=np.int64)
-        length = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
-        done = np.asarray(finished, dtype=bool)
-        count, sum_log, sum_log2 = self.count.copy(), self.sum_log.copy(), self.sum_log2.copy()
-        max_tokens, censored = self.max_tokens.copy(), self.censored.copy()
-        logs = np.log(length[done])
-        np.add.at(count, idx[done], 1)
-        np.add.at(sum_log, idx[done], logs)
-        np.add.at(sum_log2, idx[done], logs * logs)
-        np.maximum.at(max_tokens, idx, length)
-        np.add.at(censored, idx[~done], 1)
-        return LengthHistory(*map(_frozen_array, (count, sum_log, sum_log2, max_tokens, censored)))
-
-    def prior(self) -> tuple[float, float]:
-        """Pooled (mean, std) of log length over every finished sample seen; (log 256, 1) if none."""
-        n = int(self.count.sum())
-        if n == 0:
-            return math.log(256.0), 1.0
-        mean = float(self.sum_log.sum()) / n
-        var = max(float(self.sum_log2.sum()) / n - mean * mean, 1e-6)
-        return mean, math.sqrt(var)
-
-    def predict(self, index: int, prior: tuple[float, float] | None = None) -> LengthPrediction:
-        prior_mean, prior_std = prior if prior is not None else self.prior()
-        n = int(self.count[index])
-        mean = (float(self.sum_log[index]) + PRIOR_WEIGHT * prior_mean) / (n + PRIOR_WEIGHT)
-        if n >= 2:
-            var = max(float(self.sum_log2[index]) / n - (float(self.sum_log[index]) / n) ** 2, 1e-6)
-            std = math.sqrt(var)
-        else:
-            std = prior_std
-        return LengthPrediction(mean, std, n, int(self.max_tokens[index]), int(self.censored[index]))
-
-    def predicted_medians(self, indices: Sequence[int]) -> np.ndarray:
-        """Vectorised `predict(i).median`, with the longest cut length as a floor (a prompt that was
-        cut at n tokens will take at least n)."""
-        prior_mean, _ = self.prior()
-        idx = np.asarray(indices, dtype=np.int64)
-        mean = (self.sum_log[idx] + PRIOR_WEIGHT * prior_mean) / (self.count[idx] + PRIOR_WEIGHT)
-        return np.maximum(np.exp(mean), np.where(self.censored[idx] > 0, self.max_tokens[idx], 0))
 
 
 @frozen
@@ -278,7 +179,7 @@ class PromptPool:
             h = data["history"]
             history = LengthHistory(
                 *(
-                    _frozen_array(np.asarray(h[name], dtype=dtype))
+                    frozen_array(np.asarray(h[name], dtype=dtype))
                     for name, dtype in (
                         ("count", np.int64),
                         ("sum_log", np.float64),

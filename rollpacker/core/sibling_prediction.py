@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .prompt_pool import PRIOR_WEIGHT, LengthHistory
+from .length_history import PRIOR_WEIGHT, LengthHistory
 from .records import PromptKey
 from .round_state import Group
 

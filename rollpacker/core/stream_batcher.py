@@ -15,9 +15,9 @@ Either way the trainer accumulates gradients of sum_i token_weight_i * sum_t l_i
 and divides by loss_normalizer once, so the sum over micro-batches equals the full-batch gradient
 exactly, whatever the split.
 
-Advantages: "grpo" (r - mean) / (std + eps) with the group's population std; "grpo-mean" (r - mean,
-Dr. GRPO); "rloo" r_i - mean of the other R-1 rewards.  With `dynamic_sampling` (DAPO), groups whose
-rewards all agree carry no signal and are dropped; OptimizerStep lists them.
+Advantages are computed per group (advantages.py: "grpo", "grpo-mean" or "rloo").  With
+`dynamic_sampling` (DAPO), groups whose rewards all agree carry no signal and are dropped;
+OptimizerStep lists them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 from attrs import field, frozen
 from attrs.validators import in_
 
+from .advantages import ADVANTAGES, advantages
 from .commands import (
     Command,
     GroupCompleted,
@@ -38,35 +39,22 @@ from .commands import (
 from .errors import SchedulerMisuse
 from .events import Event, RewardScored
 from .pmap import IntMap
-from .policy_base import _positive
 from .records import PromptKey, Sample, replace, request_number
+from .validators import positive
 
-ADVANTAGES = ("grpo", "grpo-mean", "rloo")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 AWAITING, DISCARDED = "awaiting", "discarded"
 
 
 @frozen(kw_only=True)
 class BatcherConfig:
-    token_budget: int = field(default=8192, validator=_positive)
+    token_budget: int = field(default=8192, validator=positive)
     """Most response tokens in one micro-batch."""
     advantage: str = field(default="grpo", validator=in_(ADVANTAGES))
     loss_aggregation: str = field(default="token-mean", validator=in_(LOSS_AGGREGATIONS))
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards have zero variance."""
     eps: float = 1e-6
-
-
-def advantages(rewards: np.ndarray, kind: str, eps: float) -> np.ndarray:
-    mean = rewards.mean()
-    if kind == "grpo":
-        return (rewards - mean) / (rewards.std() + eps)
-    if kind == "grpo-mean":
-        return rewards - mean
-    n = len(rewards)
-    if n < 2:
-        return np.zeros_like(rewards)
-    return rewards - (rewards.sum() - rewards) / (n - 1)  # rloo
 
 
 @frozen

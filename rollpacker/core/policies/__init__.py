@@ -1,14 +1,24 @@
-"""The policy registry: `make_policy("tail", prompts=..., samples=..., max_tokens=..., **knobs)`."""
+"""Planner policies, one paper per file, and their registry:
+`make_policy("tail", prompts=..., samples=..., max_tokens=..., **knobs)`.
+
+    sync_rollout.py     the veRL baseline: P x R, wait for every response
+    tail_batching.py    RollPacker: short rounds over-launch, long rounds take the deferred tail
+    sorted_rl.py        SortedRL: grouped loading, completion-order update batches
+    partial_rollout.py  APRIL / Kimi partial rollouts: abort at target, resume next round
+    policy_base.py      the fields and helpers they share
+"""
 
 from __future__ import annotations
 
 import attrs
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .partial_rollout import PartialPolicy
 from .sorted_rl import SortedPolicy
 from .sync_rollout import SyncPolicy
 from .tail_batching import TailPolicy
+
+__all__ = ["POLICIES", "PartialPolicy", "SortedPolicy", "SyncPolicy", "TailPolicy", "make_policy", "policy_knobs"]
 
 POLICIES = {"sync": SyncPolicy, "tail": TailPolicy, "sorted": SortedPolicy, "partial": PartialPolicy}
 

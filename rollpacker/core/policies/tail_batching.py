@@ -32,10 +32,11 @@ import attrs
 import numpy as np
 from attrs import field, frozen
 
-from .errors import ConfigError
-from .policy_base import PolicyBase, at_least_one, over
-from .round_state import LONG, SHORT, Group, PlannerState
-from .sibling_prediction import groups_to_defer, longest_first
+from ..errors import ConfigError
+from ..round_state import LONG, SHORT, Group, PlannerState
+from ..sibling_prediction import groups_to_defer, longest_first
+from ..validators import at_least_one
+from .policy_base import PolicyBase, over
 
 
 def _fraction(instance, attribute, value) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import attrs
 from attrs import frozen
 
+from ..round_state import NORMAL, Group, PlannerState
 from .policy_base import PolicyBase
-from .round_state import NORMAL, Group, PlannerState
 
 
 @frozen(kw_only=True)

@@ -24,9 +24,10 @@ import attrs
 from attrs import field, frozen
 from attrs.validators import in_
 
-from .policy_base import PolicyBase, _positive, non_negative
-from .round_state import NORMAL, Group, PlannerState
-from .sibling_prediction import longest_first
+from ..round_state import NORMAL, Group, PlannerState
+from ..sibling_prediction import longest_first
+from ..validators import non_negative, positive
+from .policy_base import PolicyBase
 
 MODES = ("on_policy", "partial")
 
@@ -34,7 +35,7 @@ MODES = ("on_policy", "partial")
 @frozen(kw_only=True)
 class SortedPolicy(PolicyBase):
     name = "sorted"
-    group_batches: int = field(default=4, validator=_positive)
+    group_batches: int = field(default=4, validator=positive)
     """n: rollout batches loaded together."""
     mode: str = field(default="on_policy", validator=in_(MODES))
     staleness: int = field(default=1, validator=non_negative)

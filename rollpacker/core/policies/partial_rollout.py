@@ -14,8 +14,9 @@ from __future__ import annotations
 import attrs
 from attrs import field, frozen
 
-from .policy_base import PolicyBase, at_least_one, non_negative, over
-from .round_state import NORMAL, Group, PlannerState
+from ..round_state import NORMAL, Group, PlannerState
+from ..validators import at_least_one, non_negative
+from .policy_base import PolicyBase, over
 
 
 @frozen(kw_only=True)
