@@ -143,7 +143,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
             record = session.run_step()
             bars.close()
             run_dir.log_step(record)
-            run_dir.plot_timeline(session.loop.last_timeline, record["step"], session.engine.capacity)
+            run_dir.plot_timeline(session.loop.last_timeline, record, session.engine.capacity)
             session.save()
             print(step_line(record), flush=True)
         session.save_hf()

@@ -70,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", action="store_true",
                    help="model speculative decoding in the tail (sim/speculation.py; = --set spec.enabled=true)")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="write the result here (default: stdout)")
-    p.add_argument("--plot", type=Path, default=None, help="PNG: a step's per-instance timeline and step times")
+    p.add_argument("--plot", type=Path, default=None, help="PNG: a step's timeline (running requests against capacity per instance, aborts, "
+                   "token split); the step summary goes beside it as NAME-summary.png")
     p.add_argument("--plot-step", type=int, default=None, help="step drawn by --plot (default: the slowest)")
     p.add_argument("--no-progress", action="store_true")
 

@@ -92,6 +92,7 @@ class StepMeter:
                 "start": self.start, "end": rollout_end,
                 "intervals": {i.index: [(v.start, v.end, v.running, v.kind) for v in i.intervals or []]
                               for i in sim.instances},
+                "capacity": self.capacity,
                 "aborts": self.aborts}
         return step_record(
             self.report,

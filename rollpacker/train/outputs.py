@@ -2,8 +2,8 @@
 
     RUN_DIR/metrics.jsonl          one JSON record per step (field names shared with `rollpacker simulate`)
     RUN_DIR/tensorboard/           TensorBoard events of every numeric metric
-    RUN_DIR/timeline.png           the last step's requests over time (kept, aborted, wasted)
-    RUN_DIR/summary.png            step times and mean reward across steps
+    RUN_DIR/timeline.png           the last step: running requests against capacity, aborts, token split
+    RUN_DIR/summary.png            step times, tokens/s, wasted-token share and mean reward per step
     RUN_DIR/checkpoints/step_N/    HF-format checkpoint (safetensors + config + tokenizer)
     RUN_DIR/state/                 resumable state: trainer (DCP), scheduler (JSON), run config
 
@@ -139,56 +139,32 @@ class RunDir:
 
     # -- plots -----------------------------------------------------------------------------------
 
-    def plot_timeline(self, intervals, step: int, capacity: int) -> Path:
-        import matplotlib
+    def plot_timeline(self, intervals, record: dict, capacity: int) -> Path:
+        """The step's occupancy picture (rollpacker.plots.timeline) from the loop's request intervals
+        and the step's record (its rollout_s is the round's end)."""
+        from rollpacker.plots.timeline import EngineTrace, StepTimeline, plot_step_timeline
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        colors = {"kept": "tab:green", "aborted": "tab:red", "wasted": "tab:orange", "running": "tab:gray"}
-        fig, ax = plt.subplots(figsize=(9, 0.5 + 0.12 * max(len(intervals), 8)))
-        end = max((i.end or i.start for i in intervals), default=0.0)
-        for row, interval in enumerate(intervals):
-            stop = interval.end if interval.end is not None else end
-            ax.barh(row, stop - interval.start, left=interval.start, color=colors[interval.outcome], height=0.8)
-        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-        ax.legend(handles, list(colors), loc="lower right", fontsize=7)
-        ax.set_xlabel("seconds since the step began")
-        ax.set_ylabel("request")
-        ax.set_title(f"step {step}: {len(intervals)} requests (engine capacity {capacity})")
-        fig.tight_layout()
-        path = self.path / "timeline.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        return path
+        round_end = record["rollout_s"]
+        end = max([record.get("step_s", 0.0), round_end] + [i.end or i.start for i in intervals])
+        tokens = {"kept": 0, "aborted": 0, "wasted": 0}
+        for i in intervals:
+            if i.outcome in tokens:
+                tokens[i.outcome] += i.num_tokens
+        timeline = StepTimeline(
+            title=f"step {record['step']} ({record.get('round', '?')} round): {len(intervals)} requests, "
+                  f"rollout {round_end:.1f} s, bubble {record.get('bubble_ratio', 0.0):.1%}",
+            engines=(EngineTrace.from_spans("engine", [(i.start, i.end) for i in intervals], capacity, end),),
+            round_end=round_end, step_end=end,
+            aborts=tuple((i.end, 0) for i in intervals if i.outcome == "aborted" and i.end is not None),
+            tokens=tokens,
+            requests=tuple((i.start, i.end, i.outcome) for i in intervals))
+        return plot_step_timeline(timeline, self.path / "timeline.png")
 
     def plot_summary(self, records: list[dict] | None = None) -> Path:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from rollpacker.plots.summary import plot_step_summary
 
         records = self.records() if records is None else records
-        steps = [r["step"] for r in records]
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-        bottom_stack = [0.0] * len(records)
-        for key, color in (("rollout_s", "tab:blue"), ("reward_s", "tab:orange"), ("train_s", "tab:green")):
-            values = [r.get(key, 0.0) - (r.get("hidden_train_s", 0.0) if key == "train_s" else 0.0) for r in records]
-            top.bar(steps, values, bottom=bottom_stack, color=color, label=key.replace("_s", ""))
-            bottom_stack = [a + b for a, b in zip(bottom_stack, values)]
-        for r in records:
-            if r.get("round") == "long":
-                top.annotate("long", (r["step"], r["step_s"]), ha="center", fontsize=7)
-        top.set_ylabel("seconds (exposed)")
-        top.legend(fontsize=8)
-        bottom.plot(steps, [r.get("mean_reward", 0.0) for r in records], marker="o")
-        bottom.set_ylabel("mean reward")
-        bottom.set_xlabel("step")
-        fig.tight_layout()
-        path = self.path / "summary.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        return path
+        return plot_step_summary(records, self.path / "summary.png", title=f"{self.path.name}: {len(records)} steps")
 
     # -- checkpoints and state -------------------------------------------------------------------
 

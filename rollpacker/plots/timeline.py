@@ -1,0 +1,186 @@
+"""One step's timeline as a picture that reads at 10 requests or 10,000: occupancy, not bars.
+
+    top        running requests against capacity over the step, per engine when there are at most
+               `MAX_ENGINE_PANELS` engines, else summed over all of them (the red area between the
+               two is the bubble); the round's end is a dashed line, what follows it (reward and
+               training, the engines idle) is shaded grey; aborts are red ticks along the top
+    heatmap    with more engines than panels: each engine's occupancy (running / capacity) per time bin
+    tokens     the step's generated tokens split into kept / aborted / wasted / carried
+    requests   one bar per request, only when the step has at most `MAX_REQUEST_ROWS` of them
+
+The figure's size does not depend on the number of requests.  Both the reference trainer
+(`RunDir.plot_timeline`) and the simulator (`rollpacker simulate --plot`) build a `StepTimeline`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from attrs import field, frozen
+
+MAX_ENGINE_PANELS = 4
+MAX_REQUEST_ROWS = 64
+HEATMAP_BINS = 300
+TOKEN_COLORS = {"kept": "tab:green", "aborted": "tab:red", "wasted": "tab:orange", "carried": "tab:purple"}
+REQUEST_COLORS = {**TOKEN_COLORS, "running": "tab:gray"}
+
+
+@frozen
+class EngineTrace:
+    """Requests running on one engine: `running[i]` from `times[i]` until `times[i + 1]` (the last
+    until the step's end)."""
+
+    name: str
+    times: tuple[float, ...]
+    running: tuple[int, ...]
+    capacity: int
+
+    @classmethod
+    def from_spans(cls, name: str, spans: Sequence[tuple[float, float | None]], capacity: int, end: float):
+        """From (start, end) of each request; an end of None means still running at `end`."""
+        deltas = sorted([(s, 1) for s, _ in spans] + [(e if e is not None else end, -1) for _, e in spans])
+        times, running, level = [0.0], [0], 0
+        for at, step in deltas:
+            level += step
+            if at == times[-1]:
+                running[-1] = level
+            else:
+                times.append(at)
+                running.append(level)
+        return cls(name, tuple(times), tuple(running), capacity)
+
+    def mean_running(self, edges: np.ndarray) -> np.ndarray:
+        """Time-averaged running requests in each bin between consecutive `edges`."""
+        t = np.asarray(self.times + (max(edges[-1], self.times[-1]),), dtype=float)
+        area = np.concatenate([[0.0], np.cumsum(np.diff(t) * np.asarray(self.running, dtype=float))])
+        at_edges = np.interp(edges, t, area)
+        return np.diff(at_edges) / np.maximum(np.diff(edges), 1e-12)
+
+
+@frozen
+class StepTimeline:
+    title: str
+    engines: tuple[EngineTrace, ...]
+    round_end: float
+    """Seconds from the step's start to the round's end (the rollout)."""
+    step_end: float
+    """Seconds from the step's start to its end (after reward and training)."""
+    aborts: tuple[tuple[float, int], ...] = ()
+    """(time, engine index) of each aborted request."""
+    tokens: Mapping[str, int] = field(factory=dict)
+    """Generated tokens by fate, keys of TOKEN_COLORS."""
+    requests: tuple[tuple[float, float | None, str], ...] | None = None
+    """(start, end, outcome) per request, for the per-request view of a small step."""
+
+
+def total_trace(engines: Sequence[EngineTrace], end: float) -> EngineTrace:
+    """All engines summed into one trace."""
+    times = sorted({t for e in engines for t in e.times} | {0.0})
+    running = [0] * len(times)
+    for e in engines:
+        at = np.searchsorted(e.times, times, side="right") - 1
+        for i, j in enumerate(at):
+            running[i] += e.running[j] if j >= 0 else 0
+    return EngineTrace(f"all {len(engines)} engines", tuple(times), tuple(running), sum(e.capacity for e in engines))
+
+
+def plot_step_timeline(timeline: StepTimeline, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    many = len(timeline.engines) > MAX_ENGINE_PANELS
+    traces = [total_trace(timeline.engines, timeline.step_end)] if many else list(timeline.engines)
+    show_requests = timeline.requests is not None and 0 < len(timeline.requests) <= MAX_REQUEST_ROWS
+    heights = [2.2] * len(traces) + ([1.8] if many else []) + [0.7] + ([2.6] if show_requests else [])
+    fig, axes = plt.subplots(len(heights), 1, figsize=(11, 1.0 + sum(heights)),
+                             gridspec_kw={"height_ratios": heights})
+    axes = list(np.atleast_1d(axes))
+    for k, trace in enumerate(traces):
+        _occupancy(axes[k], trace, timeline, engine=None if many else k)
+    at = len(traces)
+    if many:
+        _heatmap(fig, axes[at], timeline)
+        at += 1
+    _tokens(axes[at], timeline.tokens)
+    if show_requests:
+        _requests(axes[at + 1], timeline)
+    else:
+        axes[at - 1].set_xlabel("seconds since the step began")
+    for ax in axes[: len(traces) + int(many)] + ([axes[-1]] if show_requests else []):
+        ax.set_xlim(0, timeline.step_end or 1.0)
+    axes[0].set_title(timeline.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return Path(path)
+
+
+def _occupancy(ax, trace: EngineTrace, timeline: StepTimeline, engine: int | None) -> None:
+    # the round's end is a point of its own, so the bubble's area stops exactly there
+    t = np.union1d(trace.times, [timeline.round_end, timeline.step_end])
+    r = np.asarray(trace.running, dtype=float)[np.searchsorted(trace.times, t, side="right") - 1]
+    ax.fill_between(t, 0, r, step="post", color="tab:blue", alpha=0.8, lw=0, label="running requests")
+    inside = t <= timeline.round_end
+    ax.fill_between(t, np.minimum(r, trace.capacity), trace.capacity, where=inside, step="post", color="tab:red",
+                    alpha=0.25, lw=0, label="bubble (idle capacity)")
+    ax.axhline(trace.capacity, color="black", lw=1, label=f"capacity {trace.capacity}")
+    ax.axvline(timeline.round_end, color="black", ls="--", lw=1, label="round end")
+    if timeline.step_end > timeline.round_end:
+        ax.axvspan(timeline.round_end, timeline.step_end, color="grey", alpha=0.15, lw=0, label="reward + training")
+    aborts = [a for a, e in timeline.aborts if engine is None or e == engine]
+    if aborts:
+        top = max(trace.capacity, max(trace.running)) * 1.05
+        ax.plot(aborts, [top] * len(aborts), "|", color="tab:red", ms=7, alpha=0.6,
+                label=f"{len(aborts)} aborts")
+    ax.set_ylim(0, max(trace.capacity, max(trace.running)) * 1.12)
+    ax.set_ylabel(f"running\n{trace.name}", fontsize=8)
+    if engine in (None, 0):
+        ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
+
+
+def _heatmap(fig, ax, timeline: StepTimeline) -> None:
+    edges = np.linspace(0.0, timeline.step_end or 1.0, HEATMAP_BINS + 1)
+    share = np.stack([e.mean_running(edges) / max(e.capacity, 1) for e in timeline.engines])
+    image = ax.imshow(share, aspect="auto", origin="lower", cmap="Blues", vmin=0, vmax=1, interpolation="nearest",
+                      extent=(0, edges[-1], -0.5, len(timeline.engines) - 0.5))
+    ax.axvline(timeline.round_end, color="black", ls="--", lw=1)
+    ax.set_ylabel("engine", fontsize=8)
+    fig.colorbar(image, ax=ax, pad=0.01, label="occupancy")
+
+
+def _tokens(ax, tokens: Mapping[str, int]) -> None:
+    total = sum(tokens.values())
+    left = 0
+    for name, color in TOKEN_COLORS.items():
+        n = tokens.get(name, 0)
+        if n <= 0:
+            continue
+        ax.barh(0, n, left=left, color=color, height=0.8)
+        share = n / total
+        if share > 0.06:
+            ax.text(left + n / 2, 0, f"{name} {n:,} ({share:.0%})", ha="center", va="center", fontsize=8)
+        left += n
+    ax.set_xlim(0, max(total, 1))
+    ax.set_yticks([])
+    ax.set_xlabel(f"generated tokens this step: {total:,} "
+                  f"({', '.join(f'{k} {tokens.get(k, 0):,}' for k in TOKEN_COLORS if tokens.get(k, 0))})", fontsize=8)
+
+
+def _requests(ax, timeline: StepTimeline) -> None:
+    for row, (start, end, outcome) in enumerate(timeline.requests):
+        stop = end if end is not None else timeline.round_end
+        ax.barh(row, stop - start, left=start, color=REQUEST_COLORS.get(outcome, "tab:gray"), height=0.8)
+    handles = [matplotlib_patch(c) for c in REQUEST_COLORS.values()]
+    ax.legend(handles, list(REQUEST_COLORS), loc="lower right", fontsize=7, ncol=5)
+    ax.set_ylabel("request", fontsize=8)
+    ax.set_xlabel("seconds since the step began")
+
+
+def matplotlib_patch(color: str):
+    import matplotlib.pyplot as plt
+
+    return plt.Rectangle((0, 0), 1, 1, color=color)
