@@ -8,9 +8,13 @@ Workload: reasoning-gym problems of the default mix rendered with the chat templ
 `--group` samples per prompt (siblings: the engine may draft from each other's text), temperature
 1, EOS honoured, `--max-tokens` cap.  For each number of running rows (the engine's capacity, so
 the batch stays at that size while work remains), the same requests with the same seeds run with
-speculation off and on, alternately, best of `--repeats`.  Because a seeded request's tokens do
-not depend on speculation (the verify step samples with the same counter-based uniforms), both
-runs generate the same tokens: the ratio is pure speed.
+speculation off and on, alternately, best of `--repeats`.  A seeded request's tokens do not
+depend on speculation (the verify step samples with the same counter-based uniforms), so both runs
+generate the same tokens up to floating-point rounding: a forward of 5 tokens per row rounds its
+matmuls differently from a forward of 1, and a sampled token whose uniform falls within that
+rounding of a CDF boundary flips (speculation off at 4 and at 16 rows differs the same way).  The
+table counts the requests whose tokens are identical; tokens/s is each run's own tokens over its
+own time.
 
 Prints one JSON line per row count: tokens/s off and on, their ratio, accepted draft tokens per
 verify step and the acceptance rate.
@@ -64,37 +68,36 @@ def run(model, requests, rows: int, spec_max_rows: int, spec_tokens: int) -> tup
 
 
 def measure(model, requests, rows: int, spec_tokens: int, repeats: int) -> dict:
-    best = {"off": float("inf"), "on": float("inf")}
-    tokens = stats = None
-    same = True
+    best = {"off": 0.0, "on": 0.0}  # tokens/s, best of the repeats
     for _ in range(repeats):
         t_off, n_off, _, out_off = run(model, requests, rows, 0, spec_tokens)
         t_on, n_on, stats, out_on = run(model, requests, rows, rows, spec_tokens)
-        best["off"], best["on"] = min(best["off"], t_off), min(best["on"], t_on)
-        tokens, same = n_off, same and out_on == out_off
+        best["off"], best["on"] = max(best["off"], n_off / t_off), max(best["on"], n_on / t_on)
+    identical = sum(out_on[r] == out_off[r] for r in out_off)
     return {
-        "rows": rows, "requests": len(requests), "tokens": tokens,
-        "tok_s_off": round(tokens / best["off"], 1), "tok_s_on": round(tokens / best["on"], 1),
-        "speedup": round(best["off"] / best["on"], 2),
+        "rows": rows, "requests": len(requests), "tokens": n_off,
+        "tok_s_off": round(best["off"], 1), "tok_s_on": round(best["on"], 1),
+        "speedup": round(best["on"] / best["off"], 2),
         "accepted_per_verify": stats["accepted_per_verify"], "acceptance_rate": stats["acceptance_rate"],
-        "same_tokens": same,
+        "identical": f"{identical}/{len(out_off)}",
     }
 
 
 def results_body(lines: list[dict], meta: dict) -> str:
     rows = "\n".join(
         f"| {r['rows']} | {r['requests']} | {r['tokens']} | {r['tok_s_off']} | {r['tok_s_on']} | "
-        f"**{r['speedup']}x** | {r['accepted_per_verify']} | {r['acceptance_rate']} | {r['same_tokens']} |"
+        f"**{r['speedup']}x** | {r['accepted_per_verify']} | {r['acceptance_rate']} | {r['identical']} |"
         for r in lines)
     return (
         f"`{meta['command']}` on {meta['machine']}, torch {meta['torch']}, SmolLM2-135M-Instruct "
         f"{meta['dtype']}, default task mix, groups of {meta['group']}, temperature 1, cap {meta['max_tokens']} "
         f"tokens, {meta['spec_tokens']} draft tokens per verify, best of {meta['repeats']} alternating runs.\n\n"
         "| running rows | requests | tokens | tok/s off | tok/s on | speed-up | accepted per verify | "
-        "acceptance | same tokens |\n|---|---|---|---|---|---|---|---|---|\n" + rows + "\n\n"
+        "acceptance | identical requests |\n|---|---|---|---|---|---|---|---|---|\n" + rows + "\n\n"
         "Accepted per verify: draft tokens accepted per row and verify forward (each verify also emits "
-        "one token of its own).  Same tokens: every request generated exactly the same tokens with "
-        "speculation on and off (seeded sampling does not depend on drafts)."
+        "one token of its own).  Identical requests: requests whose tokens are the same with speculation "
+        "on and off (seeded sampling does not depend on drafts; the rest differ by floating-point rounding "
+        "between a 1-token and a k+1-token forward, see the benchmark's docstring)."
     )
 
 
