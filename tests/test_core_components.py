@@ -1,4 +1,4 @@
-"""Prompt pool, persistent map, stream batcher and metrics in isolation."""
+"""Prompt pool, stream batcher, advantages and metrics in isolation."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from rollpacker.core import (
     request_id,
 )
 from rollpacker.core.commands import RoundReport
-from rollpacker.core.pmap import IntMap
 from rollpacker.core.prompt_pool import COMPLETED, DEFERRED, FRESH, IN_FLIGHT
 
 
@@ -40,21 +39,6 @@ def test_core_imports_no_torch_nor_backends():
         "'torchtitan') or m.startswith(('rollpacker.backends', 'rollpacker.sim'))]; print(bad); assert not bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-@settings(max_examples=50, deadline=None)
-@given(ops=st.lists(st.tuples(st.integers(0, 3000), st.integers(), st.booleans()), max_size=300))
-def test_intmap_behaves_like_a_dict_and_never_mutates(ops):
-    m, d, history = IntMap(), {}, []
-    for key, value, delete in ops:
-        history.append((m, dict(d)))
-        if delete and key in d:
-            m, _ = m.remove(key), d.pop(key)
-        else:
-            m, d[key] = m.set(key, value), value
-    assert dict(m.items()) == d and len(m) == len(d)
-    for old, snapshot in history:  # every older version is intact
-        assert dict(old.items()) == snapshot
 
 
 # -- prompt pool -----------------------------------------------------------------------------------

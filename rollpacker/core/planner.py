@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from immutables import Map
 
 from .commands import (
     AbortRequest,
@@ -41,7 +42,6 @@ from .commands import (
 )
 from .errors import ConfigError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, TokensGenerated
-from .pmap import IntMap
 from .prompt_pool import PromptPool
 from .records import Sample, Segment, replace, request_id, request_number
 from .round_state import Group, PlannerState, RequestRecord, RoundState, Tally, cons_iter
@@ -174,7 +174,7 @@ class _Txn:
     def defer_live_groups(self, done_slot: int, need: int) -> None:
         """Abort the groups the policy predicts long; they stay incomplete, so the round's end hands
         them to `close_round` like any group still running at the close."""
-        live = [(s, g) for s, g in self.groups.items()
+        live = [(s, g) for s, g in sorted(self.groups.items())
                 if s != done_slot and not g.is_complete and (g.running or g.pending)]
         log = self.round_changes.get("observations", self.round.observations)
         clock = max((n for _, n, finished in cons_iter(log) if finished), default=0)
@@ -187,7 +187,7 @@ class _Txn:
     def close(self) -> None:
         self.round_changes["closing"] = True
         self.queue = ()
-        self.abort_requests(number for number, _ in self.requests.items())
+        self.abort_requests(sorted(self.requests.keys()))
 
     def abort_requests(self, numbers: Iterable[int]) -> None:
         for number in numbers:
@@ -199,7 +199,7 @@ class _Txn:
     def request_ended(self, number: int, record: RequestRecord, num_tokens: int, finished: bool) -> tuple[Group, frozenset[int]]:
         """Bookkeeping shared by finish and abort: drop the record, log the length; the group and
         its running set without this request (the caller writes the group back once)."""
-        self.requests = self.requests.remove(number)
+        self.requests = self.requests.delete(number)
         total = segments_tokens(record.resume) + num_tokens
         self.count(generated=num_tokens, ended_requests=1, ended_tokens=total)
         observation = (record.prompt.index, total, finished)
@@ -264,7 +264,7 @@ class RoundPlanner:
         carried_in = sum(group_tokens(g) for g in groups)
         groups = [self._drop_stale(g, state.step) for g in groups]
         wasted = carried_in - sum(group_tokens(g) for g in groups)
-        table = IntMap.from_dict(dict(enumerate(groups)))
+        table = Map(dict(enumerate(groups)))
         target = min(self.policy.prompts, len(groups))
         queue = tuple(slot for slot, g in enumerate(groups) if g.pending)
         tally = Tally(carried_in=carried_in, wasted=wasted)
@@ -316,7 +316,7 @@ class RoundPlanner:
 
     def _end_round(self, state: PlannerState, commands: list[Command]) -> tuple[PlannerState, list[Command]]:
         rnd = state.round
-        groups = [g for _, g in rnd.groups.items()]
+        groups = [rnd.groups[slot] for slot in range(rnd.num_groups)]
         trained = [g for g in groups if g.is_complete]
         incomplete = [g for g in groups if not g.is_complete]
         held = sum(group_tokens(g) for g in incomplete)

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import attrs
 from attrs import field, frozen
+from immutables import Map
 
 from .errors import ConfigError, SchedulerMisuse
 from .events import RewardScored
-from .pmap import IntMap
 from .records import request_number
 
 
@@ -67,11 +67,11 @@ class StartScoring:
 
 @frozen
 class RewardState:
-    queue: IntMap = field(factory=IntMap)
+    queue: Map = field(factory=Map)
     """arrival ticket -> request id, waiting for a worker."""
     head: int = 0
     tail: int = 0
-    running: IntMap = field(factory=IntMap)
+    running: Map = field(factory=Map)
     """request number -> (request id, started at, deadline)."""
     anchor: float | None = None
     """Slowest correct execution so far (T_anchor)."""
@@ -111,7 +111,7 @@ class RewardScheduler:
         anchor = state.anchor
         if correct and not failed:
             anchor = max(anchor or 0.0, at - started)
-        state = attrs.evolve(state, running=state.running.remove(number), anchor=anchor,
+        state = attrs.evolve(state, running=state.running.delete(number), anchor=anchor,
                              scored=state.scored + 1, failures=state.failures + int(failed))
         out: list = [RewardScored(request_id, 0.0 if failed else reward, failed, at)]
         return self._start(state, at, out)
@@ -120,9 +120,9 @@ class RewardScheduler:
         """Time out every running sample whose deadline is <= `at`."""
         out: list = []
         running = state.running
-        for number, (rid, _, deadline) in list(state.running.items()):
+        for number, (rid, _, deadline) in sorted(state.running.items()):
             if deadline <= at:
-                running = running.remove(number)
+                running = running.delete(number)
                 out.append(RewardScored(rid, 0.0, True, at))
         if not out:
             return state, []
@@ -135,7 +135,7 @@ class RewardScheduler:
         timeout = self.config.timeout(state.anchor)
         while head < state.tail and len(running) < self.config.workers:
             rid = queue[head]
-            queue = queue.remove(head)
+            queue = queue.delete(head)
             head += 1
             number = request_number(rid)
             if number in running:

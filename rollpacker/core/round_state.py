@@ -1,8 +1,9 @@
 """The planner's immutable state: request records, groups, the round being played, and its tally.
 
 Kept apart from the transitions (planner.py) so policies can read it without importing them.
-Per-event updates touch an `IntMap` (path copy) and a few small records; logs that grow during a
-round are cons lists `(item, rest)`, so appending never copies.
+Per-event updates touch a persistent map (`immutables.Map`, a hash array mapped trie: an update
+copies one path, not the table) and a few small records; logs that grow during a round are cons
+lists `(item, rest)`, so appending never copies.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from attrs import field, frozen
+from immutables import Map
 
-from .pmap import IntMap
 from .prompt_pool import PromptPool
 from .records import PromptKey, Sample, Segment
 
@@ -81,7 +82,7 @@ class RoundState:
     step: int
     target: int
     """Groups that complete this round."""
-    groups: IntMap = field(factory=IntMap)
+    groups: Map = field(factory=Map)
     num_groups: int = 0
     num_completed: int = 0
     queue: tuple[int, ...] = ()
@@ -99,7 +100,7 @@ class PlannerState:
     """Steps done; also the version of the policy that generates this step's round (one
     optimizer step per round)."""
     next_request: int = 0
-    requests: IntMap = field(factory=IntMap)
+    requests: Map = field(factory=Map)
     round: RoundState | None = None
     carried: tuple[Group, ...] = ()
     """Unfinished groups kept for the next round (partial modes)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from attrs import field, frozen
 from attrs.validators import in_
+from immutables import Map
 
 from .advantages import ADVANTAGES, advantages
 from .commands import (
@@ -38,7 +39,6 @@ from .commands import (
 )
 from .errors import SchedulerMisuse
 from .events import Event, RewardScored
-from .pmap import IntMap
 from .records import PromptKey, Sample, replace, request_number
 from .validators import positive
 
@@ -60,9 +60,9 @@ class BatcherConfig:
 @frozen
 class BatcherState:
     step: int = 0
-    rewards: IntMap = field(factory=IntMap)
+    rewards: Map = field(factory=Map)
     """request number -> reward (float), AWAITING, or DISCARDED (late reward of a dropped sample)."""
-    waiting: IntMap = field(factory=IntMap)
+    waiting: Map = field(factory=Map)
     """request number -> the completed group (prompt, samples) still missing rewards."""
     packed: tuple[TrainSampleRef, ...] = ()
     """Samples ready, not yet emitted (fewer than token_budget tokens)."""
@@ -104,12 +104,12 @@ class StreamBatcher:
             what = "was never kept for training" if status is None else "already has a reward"
             raise SchedulerMisuse(f"can't handle RewardScored: request={event.request_id} {what}")
         if status == DISCARDED:
-            return replace(state, rewards=state.rewards.remove(number)), []
+            return replace(state, rewards=state.rewards.delete(number)), []
         state = replace(state, rewards=state.rewards.set(number, float(event.reward)))
         group = state.waiting.get(number)
         if group is None:
             return state, []
-        state = replace(state, waiting=state.waiting.remove(number))
+        state = replace(state, waiting=state.waiting.delete(number))
         return self._group(state, *group)
 
     def _group(self, state: BatcherState, prompt: PromptKey, samples: tuple[Sample, ...]) -> tuple[BatcherState, list[Command]]:
@@ -164,7 +164,7 @@ class StreamBatcher:
             OptimizerStep(state.step, state.normalizer, state.samples, state.tokens, index, state.dropped)
         )
         carried = {request_number(r) for r in ended.carried_requests}
-        rewards = IntMap()  # carried samples keep their reward; pending ones of dropped groups are moot
+        rewards = Map()  # carried samples keep their reward; pending ones of dropped groups are moot
         for number, status in state.rewards.items():
             if number in carried:
                 rewards = rewards.set(number, status)
