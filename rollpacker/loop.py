@@ -93,6 +93,14 @@ class Interval:
     num_tokens: int = 0
     finish_reason: str = ""
     """The engine's: "stop", "length" or "abort" (empty while running)."""
+    request: GenerationRequest | None = None
+    """What the engine was asked (prompt and resumed ids, seed, max tokens): enough to generate it again."""
+    resumes: tuple[str, ...] = ()
+    """Ids of the requests whose tokens it continues (partial rollout), oldest first."""
+    token_ids: tuple[int, ...] = ()
+    """The tokens it generated (this request's own, without the resumed ones)."""
+    reward: float | None = None
+    """Its sample's reward, if it was kept and scored (0.0 when the scorer failed)."""
 
 
 @define
@@ -133,6 +141,8 @@ class StepLoop:
         self.last_timeline: list[Interval] = []
         self.ledger = EpochLedger()
         """Prompt keys trained so far by this loop (duplicates are counted, never expected)."""
+        self._awaiting_reward: dict[str, Interval] = {}
+        """Intervals of kept samples whose reward has not arrived yet."""
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -159,6 +169,9 @@ class StepLoop:
         for outcome in outcomes:
             reward = outcome.reward if not outcome.failed else 0.0
             log.rewards[outcome.request_id] = reward
+            scored = self._awaiting_reward.pop(outcome.request_id, None)
+            if scored is not None:  # (its interval may be a past step's: a carried group's reward)
+                scored.reward = reward
             log.failed_rewards += outcome.failed
             self._execute(self.sched.handle(RewardScored(outcome.request_id, reward, outcome.failed, self._now())))
         if outputs or outcomes:
@@ -173,6 +186,7 @@ class StepLoop:
             interval.end = now
             interval.outcome = "aborted" if result.finish_reason == "abort" else "wasted"
             interval.num_tokens, interval.finish_reason = len(result.token_ids), result.finish_reason
+            interval.token_ids = result.token_ids
         n = len(result.token_ids)
         if result.finish_reason == "abort":
             return RequestAborted(result.request_id, n, now)
@@ -183,10 +197,12 @@ class StepLoop:
     def _execute(self, commands: list[Command]) -> None:
         launches = [c for c in commands if isinstance(c, LaunchRequest)]
         if launches:
-            self.engine.submit([self._generation_request(c) for c in launches])
+            requests = [self._generation_request(c) for c in launches]
+            self.engine.submit(requests)
             now = self._now()
-            for c in launches:
-                self._log.intervals[c.request_id] = Interval(c.request_id, now, prompt=c.prompt.index)
+            for c, request in zip(launches, requests):
+                self._log.intervals[c.request_id] = Interval(c.request_id, now, prompt=c.prompt.index, request=request,
+                                                             resumes=tuple(seg.request_id for seg in c.resume))
                 self._log.occupancy = self._log.occupancy.change(now, +1)
         aborts = [c.request_id for c in commands if isinstance(c, AbortRequest)]
         if aborts:
@@ -233,6 +249,7 @@ class StepLoop:
         interval = self._log.intervals.get(sample.request_id)
         if interval is not None:
             interval.outcome = "kept"
+            self._awaiting_reward[sample.request_id] = interval
         job = self.prompts.reward_job(sample.request_id, sample.prompt.index, self._response_ids(sample.segments))
         self.rewards.submit(job)
 
@@ -323,5 +340,6 @@ class StepLoop:
             duplicate_prompts=self.ledger.duplicates,
             entropy=entropy / tokens if tokens else 0.0,
             grad_norm=log.step_stats.grad_norm if log.step_stats is not None else None,
-            requests=[[i.prompt, i.num_tokens, i.finish_reason] for i in log.intervals.values() if i.finish_reason],
+            requests=[[i.prompt, i.num_tokens, i.finish_reason, i.request_id, i.reward]
+                      for i in log.intervals.values() if i.finish_reason],
         )

@@ -1,4 +1,4 @@
-"""The loop's step record lists every request's prompt, length and finish reason, and a run's
+"""The loop's step record lists every request's prompt, length, finish reason, id and reward, and a run's
 metrics export into a simulator workload (fake engine, rewards and trainer: no model)."""
 
 from __future__ import annotations
@@ -85,11 +85,17 @@ def test_step_records_hold_every_request_and_export_as_a_workload(tmp_path):
     for record in records:
         launched = record["launched_requests"]
         assert len(record["requests"]) == launched  # every launched request ended and is listed
-        reasons = {r for _, _, r in record["requests"]}
+        reasons = {r for _, _, r, _, _ in record["requests"]}
         assert reasons <= {"stop", "length", "abort"} and "stop" in reasons
-        for prompt, n, reason in record["requests"]:
+        ids = [rid for _, _, _, rid, _ in record["requests"]]
+        assert len(set(ids)) == len(ids)
+        for prompt, n, reason, _, reward in record["requests"]:
             if reason != "abort":
                 assert 0 <= prompt < 8 and 5 + 7 * prompt <= n <= min(MAX, 9 + 7 * prompt)
+            else:
+                assert reward is None  # an aborted request is never scored
+        scored = [reward for *_, reward in record["requests"] if reward is not None]
+        assert scored and set(scored) == {1.0}  # FakeRewards gives every kept sample 1.0
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "trace.jsonl"

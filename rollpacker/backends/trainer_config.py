@@ -24,8 +24,8 @@ class TrainerConfig:
 
     model_dir: str = field(converter=os.fspath)
     """A Hugging Face checkpoint directory: config.json plus *.safetensors (Llama or Qwen3)."""
-    lr: float = field(default=1e-6, validator=gt(0.0))
-    """AdamW learning rate (constant: the driver owns any schedule)."""
+    lr: float = field(default=1e-6, validator=ge(0.0))
+    """AdamW learning rate (constant: the driver owns any schedule); 0 keeps the weights fixed."""
     betas: tuple[float, float] = field(default=(0.9, 0.999), converter=tuple, validator=_betas)
     """AdamW betas."""
     eps: float = field(default=1e-8, validator=gt(0.0))

@@ -264,7 +264,7 @@ def trace_lines(records) -> list[dict]:
     lines = []
     for record in records:
         by_prompt: dict[int, list] = {}
-        for prompt, num_tokens, reason in record.get("requests", ()):
+        for prompt, num_tokens, reason, *_ in record.get("requests", ()):  # then request id and reward
             by_prompt.setdefault(int(prompt), []).append((int(num_tokens), str(reason)))
         for prompt, samples in sorted(by_prompt.items()):
             done = [(n, r) for n, r in samples if r != "abort"]

@@ -120,7 +120,8 @@ class RunConfig:
     """Per-sample scoring deadline; a scorer past it is killed and the sample gets reward 0."""
     # -- training --------------------------------------------------------------------------------
     lr: float = 1e-5
-    """AdamW learning rate."""
+    """AdamW learning rate (0: the weights stay fixed, a rollout-only measurement such as
+    benchmarks/bias_real.py)."""
     advantage: Literal["grpo", "grpo-mean", "rloo"] = "grpo"
     """Group advantage estimator."""
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
@@ -215,11 +216,11 @@ class RunConfig:
 
     def _check_sampling_and_times(self) -> None:
         """Float flags: finite and in range (a NaN fails every comparison, so test the good range)."""
-        ranges = {"temperature": (0.0, None, ">= 0"), "top_p": (0.0, 1.0, "in (0, 1]"), "lr": (0.0, None, "> 0"),
+        ranges = {"temperature": (0.0, None, ">= 0"), "top_p": (0.0, 1.0, "in (0, 1]"), "lr": (0.0, None, ">= 0"),
                   "reward_deadline_s": (0.0, None, "> 0"), "step_timeout_s": (0.0, None, "> 0")}
         for flag, (low, high, wanted) in ranges.items():
             value = getattr(self, flag)
-            above = value >= low if flag == "temperature" else value > low
+            above = value >= low if flag in ("temperature", "lr") else value > low
             if not (math.isfinite(value) and above and (high is None or value <= high)):
                 raise ConfigError(f"--{flag.replace('_', '-')} must be {wanted}, got {value}")
 
