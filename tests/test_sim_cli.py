@@ -31,6 +31,7 @@ def test_simulate_writes_json_and_plot(tmp_path):
     assert result["config"]["knobs"] == {"eta_prompts": 1.5}
     assert result["total"]["short_rounds"] >= 1
     assert png.stat().st_size > 10_000
+    assert (tmp_path / "out-summary.png").stat().st_size > 10_000  # step times, tokens/s, wasted share
 
 
 def test_python_dash_m_and_jsonl_workload(tmp_path):

@@ -26,6 +26,7 @@ def plot_step_summary(records: Sequence[dict], path: Path, title: str = "") -> P
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     has_reward = any("mean_reward" in r for r in records)
     rows = 4 if has_reward else 3
@@ -53,6 +54,7 @@ def plot_step_summary(records: Sequence[dict], path: Path, title: str = "") -> P
         axes[3].plot(steps, [r.get("mean_reward", 0.0) for r in records], marker="o" if len(steps) <= 50 else None)
         axes[3].set_ylabel("mean reward")
     axes[-1].set_xlabel("step")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     if title:
         axes[0].set_title(title, fontsize=10)
     fig.tight_layout()

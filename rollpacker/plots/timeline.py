@@ -1,6 +1,7 @@
 """One step's timeline as a picture that reads at 10 requests or 10,000: occupancy, not bars.
 
-    top        running requests against capacity over the step, per engine when there are at most
+    top        requests in flight against capacity over the step (the trainer counts what it launched,
+               queued in the engine or running; the simulator what runs), per engine when at most
                `MAX_ENGINE_PANELS` engines, else summed over all of them (the red area between the
                two is the bubble); the round's end is a dashed line, what follows it (reward and
                training, the engines idle) is shaded grey; aborts are red ticks along the top
@@ -123,7 +124,7 @@ def _occupancy(ax, trace: EngineTrace, timeline: StepTimeline, engine: int | Non
     # the round's end is a point of its own, so the bubble's area stops exactly there
     t = np.union1d(trace.times, [timeline.round_end, timeline.step_end])
     r = np.asarray(trace.running, dtype=float)[np.searchsorted(trace.times, t, side="right") - 1]
-    ax.fill_between(t, 0, r, step="post", color="tab:blue", alpha=0.8, lw=0, label="running requests")
+    ax.fill_between(t, 0, r, step="post", color="tab:blue", alpha=0.8, lw=0, label="requests in flight")
     inside = t <= timeline.round_end
     ax.fill_between(t, np.minimum(r, trace.capacity), trace.capacity, where=inside, step="post", color="tab:red",
                     alpha=0.25, lw=0, label="bubble (idle capacity)")
@@ -137,7 +138,7 @@ def _occupancy(ax, trace: EngineTrace, timeline: StepTimeline, engine: int | Non
         ax.plot(aborts, [top] * len(aborts), "|", color="tab:red", ms=7, alpha=0.6,
                 label=f"{len(aborts)} aborts")
     ax.set_ylim(0, max(trace.capacity, max(trace.running)) * 1.12)
-    ax.set_ylabel(f"running\n{trace.name}", fontsize=8)
+    ax.set_ylabel(f"in flight\n{trace.name}", fontsize=8)
     if engine in (None, 0):
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
 

@@ -1,0 +1,62 @@
+"""The plots read at any size: a step's timeline is as tall with 5,000 requests as with 500 (no bar
+per request), the per-request view appears only for a small step, the bubble's area is the bubble
+ratio's, and the summary draws 1,000 steps."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from rollpacker.plots.summary import plot_step_summary, wasted_share
+from rollpacker.plots.timeline import EngineTrace, StepTimeline, plot_step_timeline, total_trace
+
+
+def random_step(num_requests: int, engines: int, seed: int = 0) -> StepTimeline:
+    rng = random.Random(seed)
+    spans = [[] for _ in range(engines)]
+    for i in range(num_requests):
+        start = rng.uniform(0, 2)
+        spans[i % engines].append((start, start + rng.expovariate(1 / 20)))
+    end = max(e for s in spans for _, e in s)
+    traces = tuple(EngineTrace.from_spans(f"e{k}", s, capacity=num_requests // engines, end=end)
+                   for k, s in enumerate(spans))
+    requests = tuple((s, e, "kept") for group in spans for s, e in group)
+    return StepTimeline(title=f"{num_requests} requests", engines=traces, round_end=end, step_end=end * 1.2,
+                        aborts=((1.0, 0), (3.0, 1 % engines)), tokens={"kept": 900, "aborted": 80, "wasted": 20},
+                        requests=requests)
+
+
+def png_shape(path) -> tuple[int, int]:
+    import matplotlib.image
+
+    return matplotlib.image.imread(path).shape[:2]
+
+
+@pytest.mark.timeout(120)
+def test_timeline_size_does_not_grow_with_requests(tmp_path):
+    shapes = {n: png_shape(plot_step_timeline(random_step(n, engines=8), tmp_path / f"{n}.png")) for n in (500, 5000)}
+    assert shapes[500] == shapes[5000]
+    small = png_shape(plot_step_timeline(random_step(24, engines=1), tmp_path / "small.png"))
+    large = png_shape(plot_step_timeline(random_step(800, engines=1), tmp_path / "large.png"))
+    assert small[0] > large[0], "a small step adds its per-request view"
+    assert max(small[0], shapes[5000][0]) < 1000, "every timeline fits a screen"
+
+
+def test_from_spans_counts_requests_in_flight_and_the_total_sums_engines():
+    trace = EngineTrace.from_spans("e", [(0.0, 2.0), (1.0, 3.0), (1.0, None)], capacity=4, end=5.0)
+    assert trace.times == (0.0, 1.0, 2.0, 3.0, 5.0) and trace.running == (1, 3, 2, 1, 0)
+    mean = trace.mean_running(np.array([0.0, 1.0, 3.0, 5.0]))
+    assert mean.tolist() == [1.0, 2.5, 1.0]
+    both = total_trace([trace, EngineTrace("f", (0.0, 2.0), (2, 0), 4)], end=5.0)
+    assert both.capacity == 8 and both.running == (3, 5, 2, 1, 0)
+
+
+@pytest.mark.timeout(120)
+def test_summary_draws_a_thousand_steps_with_tokens_per_s_and_wasted_share(tmp_path):
+    records = [{"step": i, "round": "long" if i % 5 == 4 else "short", "rollout_s": 10.0 + i % 5, "reward_s": 1.0,
+                "train_s": 3.0, "generated_tokens": 1000, "wasted_tokens": 250 * (i % 2)} for i in range(1000)]
+    assert wasted_share(records[1]) == 0.25
+    path = plot_step_summary(records, tmp_path / "summary.png")
+    assert png_shape(path)[0] < 1000
