@@ -111,25 +111,24 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
-_REPLACERS: dict[type, object] = {}
+def state(cls):
+    """Class decorator for the core's internal state on the per-event path (planner and batcher
+    state, groups, request records): frozen attrs, kept in `__dict__` rather than slots so that
+    `replace` is one dict copy."""
+    return attrs.frozen(cls, slots=False)
+
+
+_new = object.__new__
+_set = object.__setattr__
 
 
 def replace(inst, **changes):
-    """`attrs.evolve` without re-running validators and converters: for the core's own internal
-    state on the per-event path (a plain evolve costs ~3-5 us; this well under 1 us).  Boundary
-    records that need validation are built with their constructors."""
-    replacer = _REPLACERS.get(type(inst))
-    if replacer is None:
-        replacer = _REPLACERS[type(inst)] = _make_replacer(type(inst))
-    return replacer(inst, changes)
-
-
-def _make_replacer(cls):
-    """Generate `def r(inst, ch)`: copy every field of `cls`, then set the changed ones."""
-    names = [a.name for a in attrs.fields(cls)]
-    lines = ["def r(inst, ch):", "    new = new_(cls)"]
-    lines += [f"    set_(new, {n!r}, inst.{n})" for n in names]
-    lines += ["    for name, value in ch.items():", "        set_(new, name, value)", "    return new"]
-    namespace = {"new_": object.__new__, "set_": object.__setattr__, "cls": cls}
-    exec("\n".join(lines), namespace)  # noqa: S102 - generated from attrs field names only
-    return namespace["r"]
+    """`attrs.evolve` for `@state` classes without re-running validators: a copy of the instance's
+    fields with `changes` applied (about 0.3 us; a plain evolve costs 3-5 us).  Boundary records
+    that need validation are built with their constructors."""
+    fields = inst.__dict__.copy()
+    fields.update(changes)
+    assert len(fields) == len(inst.__dict__), f"unknown field in {sorted(changes)}"
+    new = _new(inst.__class__)
+    _set(new, "__dict__", fields)
+    return new

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from attrs import field, frozen
+from attrs import field
 from immutables import Map
 
 from .prompt_pool import PromptPool
-from .records import PromptKey, Sample, Segment
+from .records import PromptKey, Sample, Segment, state
 
 SHORT, LONG, NORMAL = "short", "long", "normal"
 
@@ -29,7 +29,7 @@ def cons_iter(log: Cons) -> Iterator[Any]:
         yield item
 
 
-@frozen
+@state
 class RequestRecord:
     """One launched request."""
 
@@ -43,7 +43,7 @@ class RequestRecord:
     """We sent AbortRequest; its answer (finished or aborted) is not kept."""
 
 
-@frozen
+@state
 class Group:
     """A prompt's group of samples within a round.
 
@@ -60,7 +60,7 @@ class Group:
     is_complete: bool = False
 
 
-@frozen
+@state
 class Tally:
     """Token accounting of the round.  Identity checked by the tests:
     generated + carried_in == kept + wasted + carried_out (at the round's end)."""
@@ -76,7 +76,7 @@ class Tally:
     """Length (with prefix) of every request that ended this round, kept or not."""
 
 
-@frozen
+@state
 class RoundState:
     kind: str
     step: int
@@ -93,7 +93,7 @@ class RoundState:
     """(dataset index, length, finished) for the pool's length history."""
 
 
-@frozen
+@state
 class PlannerState:
     pool: PromptPool
     step: int = 0

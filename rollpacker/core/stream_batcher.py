@@ -39,7 +39,7 @@ from .commands import (
 )
 from .errors import SchedulerMisuse
 from .events import Event, RewardScored
-from .records import PromptKey, Sample, replace, request_number
+from .records import PromptKey, Sample, replace, request_number, state
 from .validators import positive
 
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
@@ -57,13 +57,14 @@ class BatcherConfig:
     eps: float = 1e-6
 
 
-@frozen
+@state
 class BatcherState:
     step: int = 0
     rewards: Map = field(factory=Map)
     """request number -> reward (float), AWAITING, or DISCARDED (late reward of a dropped sample)."""
     waiting: Map = field(factory=Map)
-    """request number -> the completed group (prompt, samples) still missing rewards."""
+    """request number -> a completed group still missing that reward: (prompt, samples, index of
+    the first sample not yet checked)."""
     packed: tuple[TrainSampleRef, ...] = ()
     """Samples ready, not yet emitted (fewer than token_budget tokens)."""
     micro_batches: int = 0
@@ -105,33 +106,38 @@ class StreamBatcher:
             raise SchedulerMisuse(f"can't handle RewardScored: request={event.request_id} {what}")
         if status == DISCARDED:
             return replace(state, rewards=state.rewards.delete(number)), []
-        state = replace(state, rewards=state.rewards.set(number, float(event.reward)))
-        group = state.waiting.get(number)
-        if group is None:
-            return state, []
-        state = replace(state, waiting=state.waiting.delete(number))
-        return self._group(state, *group)
+        rewards = state.rewards.set(number, float(event.reward))
+        parked = state.waiting.get(number)
+        if parked is None:
+            return replace(state, rewards=rewards), []
+        return self._group(replace(state, rewards=rewards, waiting=state.waiting.delete(number)), *parked)
 
-    def _group(self, state: BatcherState, prompt: PromptKey, samples: tuple[Sample, ...]) -> tuple[BatcherState, list[Command]]:
-        numbers = [s.number for s in samples]
-        missing = [n for n in numbers if state.rewards.get(n) == AWAITING]
-        if missing:  # park the group under one missing reward; it is re-checked when that arrives
-            return replace(state, waiting=state.waiting.set(missing[0], (prompt, samples))), []
-        rewards = np.array([state.rewards[n] for n in numbers], dtype=np.float64)
+    def _group(self, state: BatcherState, prompt: PromptKey, samples: tuple[Sample, ...],
+               checked: int = 0) -> tuple[BatcherState, list[Command]]:
+        """Train the group if every reward is in; else park it under the first missing one.
+        Rewards of samples[:checked] were in when it was parked (a reward never goes missing)."""
+        for i in range(checked, len(samples)):
+            number = samples[i].number
+            if state.rewards[number] == AWAITING:  # re-checked from i + 1 when this one arrives
+                return replace(state, waiting=state.waiting.set(number, (prompt, samples, i + 1))), []
+        rewards = np.array([state.rewards[s.number] for s in samples], dtype=np.float64)
         # (their rewards stay in the map until the step ends: one sweep then, not a removal each)
-        state = replace(state, groups_ready=state.groups_ready + 1)
         if self.config.dynamic_sampling and np.ptp(rewards) == 0:
-            return self._maybe_finish(replace(state, dropped=state.dropped + (prompt,)), [])
+            state = replace(state, groups_ready=state.groups_ready + 1, dropped=state.dropped + (prompt,))
+            return self._maybe_finish(state, [])
         adv = advantages(rewards, self.config.advantage, self.config.eps)
         refs = tuple(TrainSampleRef(s, float(a), self._weight(s)) for s, a in zip(samples, adv))
+        commands: list[Command] = []
+        packed, index = self._pack(state, refs, commands)
         state = replace(
             state,
+            groups_ready=state.groups_ready + 1,
             samples=state.samples + len(refs),
             tokens=state.tokens + sum(s.num_tokens for s in samples),
             normalizer=state.normalizer + sum(self._norm(s) for s in samples),
+            packed=packed,
+            micro_batches=index,
         )
-        commands: list[Command] = []
-        state = self._pack(state, refs, commands)
         return self._maybe_finish(state, commands)
 
     def _weight(self, sample: Sample) -> float:
@@ -140,7 +146,9 @@ class StreamBatcher:
     def _norm(self, sample: Sample) -> float:
         return float(sample.num_tokens) if self.config.loss_aggregation == "token-mean" else 1.0
 
-    def _pack(self, state: BatcherState, refs: tuple[TrainSampleRef, ...], commands: list[Command]) -> BatcherState:
+    def _pack(self, state: BatcherState, refs: tuple[TrainSampleRef, ...],
+              commands: list[Command]) -> tuple[tuple[TrainSampleRef, ...], int]:
+        """Add refs to the open micro-batch, emitting each one that fills up; the new open batch and index."""
         packed, index = list(state.packed), state.micro_batches
         tokens = sum(r.sample.num_tokens for r in packed)
         budget = self.config.token_budget
@@ -150,7 +158,7 @@ class StreamBatcher:
                 packed, index, tokens = [], index + 1, 0
             packed.append(ref)
             tokens += ref.sample.num_tokens
-        return replace(state, packed=tuple(packed), micro_batches=index)
+        return tuple(packed), index
 
     def _maybe_finish(self, state: BatcherState, commands: list[Command]) -> tuple[BatcherState, list[Command]]:
         ended = state.round_ended
