@@ -1,0 +1,246 @@
+"""Bias, measured: the length and reward of what each policy keeps vs every sample it launched.
+
+    .venv/bin/python benchmarks/bias_real.py [--steps 3] [--prompts 4] [--samples 4] [--max-tokens 128] \
+        [--policies sync,tail,response-only,sorted,partial] [--write-results]
+
+Each policy runs a few steps of the reference trainer (the `Session` reference/train.py drives, on
+the embedded engine and the model --model names, default SmolLM2-135M-Instruct) with `lr = 0`: the
+weights never move, so a sample that the policy aborted can be generated to its end afterwards under
+the very weights that started it.  Every launched sample is then known in full:
+
+- kept: the policy scored it for training (its reward is the run's);
+- finished but not kept (a late answer to a full group): its own tokens, scored here;
+- aborted: its request is submitted again, same prompt and resumed ids, same seed, same max tokens,
+  and run to its end.  The engine draws every token from a hash of (seed, token index), not from a
+  generator's state, so the new run repeats the aborted tokens and goes on; `prefix_mismatches`
+  counts the completions that did not (a near tie in the logits that a different batch rounds the
+  other way would do that).  Scored here with the trainer's reward function and workers.
+
+A partial-rollout sample spans several requests (each resumes the previous one's tokens); it counts
+once, as its last request's prompt + resumed + own tokens.  A "length" finish is always at the run's
+--max-tokens (the planner's max_new_tokens subtracts only resumed tokens), so only aborts cut a
+sample short.  Kept here means scored for training: a group still carried at the end of the run
+counts as kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+
+from rollpacker.train.config import RunConfig, TailKnobs, parse
+from rollpacker.train.outputs import RunDir
+from rollpacker.train.session import Session
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = ("sync", "tail", "response-only", "sorted", "partial")
+"""response-only: tail batching that over-samples responses only (eta_prompts 1.0, eta_responses 1.5)."""
+
+
+@attrs.frozen
+class LaunchedSample:
+    """One launched sample in full: `response_ids` are its resumed, own and (if aborted) completed tokens."""
+
+    request_id: str
+    prompt: int
+    is_kept: bool
+    is_aborted: bool
+    is_carried: bool
+    """Not kept, but its tokens are carried into the next step (partial rollout would resume it)."""
+    num_generated: int
+    """Response tokens it had when the run ended (resumed and own; an aborted one's prefix)."""
+    response_ids: tuple[int, ...]
+    reward: float
+
+
+@attrs.frozen
+class PolicyBias:
+    policy: str
+    samples: tuple[LaunchedSample, ...]
+    requests: int
+    """Requests launched (a resumed partial sample is several)."""
+    prefix_mismatches: int
+    """Aborted requests whose completion did not start with the tokens they had."""
+    rounds: tuple[str, ...]
+    """Each step's round: "normal" (sync), "short" or "long" (tail), ..."""
+    seconds: float
+
+    def means(self, kept_only: bool, with_carried: bool = True) -> tuple[int, float, float]:
+        """(count, mean length, mean reward) of the kept samples or of all launched ones (without
+        those carried into a next step if not `with_carried`)."""
+        chosen = [s for s in self.samples if (s.is_kept or not kept_only) and (with_carried or not s.is_carried)]
+        if not chosen:
+            return 0, 0.0, 0.0
+        return (len(chosen), sum(len(s.response_ids) for s in chosen) / len(chosen),
+                sum(s.reward for s in chosen) / len(chosen))
+
+
+def measure(base: RunConfig, policies: list[str], steps: int, out: Path) -> list[PolicyBias]:
+    """Each policy's run (in out/POLICY) and its samples, kept and launched."""
+    results = []
+    for name in policies:
+        print(f"== {name} ==", flush=True)
+        results.append(run_policy(policy_config(base, name, out / name), name, steps))
+    return results
+
+
+# -- one policy ------------------------------------------------------------------------------------
+
+def policy_config(base: RunConfig, name: str, out: Path) -> RunConfig:
+    """The run config of one column: its policy (response-only is tail with other knobs), lr 0."""
+    config = dataclasses.replace(base, policy="tail" if name == "response-only" else name, lr=0.0, out=out)
+    if name == "response-only":
+        config.tail = TailKnobs(eta_prompts=1.0, eta_responses=1.5)
+    return config
+
+
+def run_policy(config: RunConfig, name: str, steps: int) -> PolicyBias:
+    """`steps` steps of the reference trainer, then every launched sample completed and scored."""
+    start = time.perf_counter()
+    config.validate()
+    session = Session(config, RunDir(config.out), config.policy)
+    try:
+        timeline, rounds = [], []
+        for _ in range(steps):
+            record = session.run_step()
+            session.run_dir.log_step(record)
+            timeline.extend(session.loop.last_timeline)
+            rounds.append(record["round"])
+            print(f"  {name} step {record['step']}: {record['launched_requests']} launched, "
+                  f"{record['step_s']:.0f} s", flush=True)
+        samples, mismatches = complete_samples(session, timeline)
+    finally:
+        session.close()
+    return PolicyBias(name, tuple(samples), len(timeline), mismatches, tuple(rounds), time.perf_counter() - start)
+
+
+def final_requests(timeline) -> list:
+    """The intervals that end a sample: those no later request resumed (partial rollout)."""
+    resumed = {rid for interval in timeline for rid in interval.resumes}
+    return [i for i in timeline if i.request_id not in resumed]
+
+
+def complete_samples(session: Session, timeline) -> tuple[list[LaunchedSample], int]:
+    """Every launched sample in full, aborted ones generated to their end, unscored ones scored."""
+    finals = final_requests(timeline)
+    unfinished = [i for i in finals if i.finish_reason in ("abort", "")]
+    completions = regenerate(session.engine, [i.request for i in unfinished])
+    mismatches = sum(completions[i.request_id][: len(i.token_ids)] != i.token_ids for i in unfinished)
+    responses = {i.request_id: i.request.resume_ids + completions.get(i.request_id, i.token_ids) for i in finals}
+    missing = {i.request_id: i.prompt for i in finals if i.reward is None}
+    rewards = score(session, {rid: (prompt, responses[rid]) for rid, prompt in missing.items()})
+    carried = set(session.loop.tokens)  # what the loop keeps after a step: tokens a later step needs
+    samples = [LaunchedSample(i.request_id, i.prompt, i.outcome == "kept", i.request_id in completions,
+                              i.outcome != "kept" and i.request_id in carried,
+                              len(i.request.resume_ids) + len(i.token_ids), responses[i.request_id],
+                              i.reward if i.reward is not None else rewards[i.request_id])
+               for i in finals]
+    return samples, mismatches
+
+
+def regenerate(engine, requests) -> dict[str, tuple[int, ...]]:
+    """Token ids of `requests` generated again to their end (same prompt, resumed ids, seed, max tokens)."""
+    from rollpacker.core.protocols import GenerationResult
+
+    again = {f"{r.request_id}/again": r.request_id for r in requests}
+    engine.submit([attrs.evolve(r, request_id=f"{r.request_id}/again") for r in requests])
+    out: dict[str, tuple[int, ...]] = {}
+    while len(out) < len(again):
+        for result in engine.poll(timeout=1.0):
+            if isinstance(result, GenerationResult) and result.request_id in again:
+                assert result.finish_reason != "abort", result
+                out[again[result.request_id]] = result.token_ids
+    return out
+
+
+def score(session: Session, responses: dict[str, tuple[int, tuple[int, ...]]]) -> dict[str, float]:
+    """Rewards of `responses` (id -> (prompt index, response ids)) by the run's reward workers."""
+    for rid, (prompt, ids) in responses.items():
+        session.rewards.submit(session.prompts.reward_job(rid, prompt, ids))
+    rewards: dict[str, float] = {}
+    while len(rewards) < len(responses):
+        for outcome in session.rewards.poll(timeout=1.0):
+            if outcome.request_id in responses:  # (not a late one the run's last step discarded)
+                rewards[outcome.request_id] = 0.0 if outcome.failed else outcome.reward
+    return rewards
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+def table(results: list[PolicyBias]) -> list[str]:
+    lines = ["| policy | rounds | requests | launched samples | kept | not kept: dropped / carried "
+             "| aborted, completed here | kept / launched mean length | kept / launched mean reward "
+             "| prefix mismatches |", "|---|---|---|---|---|---|---|---|---|---|"]
+    # requests > launched samples: partial rollout resumed some samples in later requests
+    for r in results:
+        n_kept, kept_len, kept_reward = r.means(kept_only=True)
+        n_all, all_len, all_reward = r.means(kept_only=False)
+        carried = sum(s.is_carried for s in r.samples)
+        aborted = sum(s.is_aborted for s in r.samples)
+        lines.append(f"| {r.policy} | {' '.join(r.rounds)} | {r.requests} | {n_all} | {n_kept} "
+                     f"| {n_all - n_kept - carried} / {carried} | {aborted} | {kept_len:.1f} / {all_len:.1f} "
+                     f"| {kept_reward:.3f} / {all_reward:.3f} | {r.prefix_mismatches} |")
+    return lines
+
+
+def without_carried(results: list[PolicyBias]) -> list[str]:
+    """Launched means without the samples carried into a next step (a longer run would keep them)."""
+    lines = []
+    for r in results:
+        if any(s.is_carried for s in r.samples):
+            n, length, reward = r.means(kept_only=False, with_carried=False)
+            lines.append(f"- {r.policy}, launched without the {len(r.samples) - n} carried samples: "
+                         f"{n} samples, mean length {length:.1f}, mean reward {reward:.3f}.")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--out", type=Path, default=None, help="run directories (default: a new temporary one)")
+    ap.add_argument("--write-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    args, train_flags = ap.parse_known_args()  # anything else goes to the run config, e.g. --model DIR
+    out = args.out or Path(tempfile.mkdtemp(prefix="rollpacker-bias-"))
+    base = parse(["--prompts", str(args.prompts), "--samples", str(args.samples), "--max-tokens",
+                  str(args.max_tokens), "--steps", str(args.steps), *train_flags])
+    results = measure(base, args.policies.split(","), args.steps, out)
+    lines = table(results) + [""] + without_carried(results)
+    print("\n".join(lines))
+    if args.write_results:
+        write_results(args, train_flags, results, lines)
+    return 0
+
+
+def write_results(args, train_flags: list[str], results: list[PolicyBias], lines: list[str]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results_md import write_section
+
+    seconds = sum(r.seconds for r in results)
+    body = [
+        f"`.venv/bin/python benchmarks/bias_real.py {' '.join(sys.argv[1:])}` on this machine's CPU "
+        f"({os.cpu_count()} cores, shared with other jobs), {args.steps} steps per policy, "
+        f"P={args.prompts} R={args.samples} max_tokens={args.max_tokens}, "
+        f"SmolLM2-135M-Instruct fp32 (the embedded default){', trainer flags ' + ' '.join(train_flags) if train_flags else ''}, "
+        f"default task mix and reward (reasoning-gym scorers), seed 0; {seconds / 60:.0f} minutes in all.  "
+        "`--lr 0`: the weights stay fixed, so every aborted sample is generated to its end afterwards "
+        "under the same weights and seed (lengths and rewards of the samples the policy dropped are "
+        "measured, not guessed); the policies' step times are not the point here.",
+        "",
+        *lines,
+    ]
+    write_section("Bias on real runs", "\n".join(body))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
