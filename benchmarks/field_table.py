@@ -53,21 +53,22 @@ READING = """Reading the tables (simulator only; the reward is a stand-in; figur
 10 steps, seed 11):
 
 - The lever is speculation in the tail, not the schedule: *ours (fixed TP)* is RollPacker tail with the
-  same rounds and the same kept samples, and is 1.3-2.6x faster than it on every row, because a long
+  same rounds and the same kept samples, and is 1.2-2.0x faster than it on every row, because a long
   round spends most of its time with a few requests per instance, where decode is memory-bound and a
-  verify step of 5 tokens costs about one plain step.  Its effect scales with the assumed acceptance
-  (0.7 per token, 2.8 tokens per verify step): rerun with `--set spec.acceptance=` once the embedded
-  engine's `speculation_stats` give a measured figure.  Sync gains from it too (*sync + speculation*
-  is 2.1-2.7x sync), so part of ours-best's lead over the baselines is the engine, not the schedule;
-  against sync + speculation, ours-best is 1.3-2.3x on servegen (artifact config, 8k/16k/32k, both
-  `between`) and 3.7-3.8x at 32k 64x7B, and it loses on synthetic-bimodal at 8k, 16k and 32k
-  (34.0 vs 32.8 s, 134 vs 99 s, 326 vs 244 s per step): there a
-  quarter of each step's prompts are hard, tail batching defers them into long rounds of nothing but
-  near-cap requests, and sync with speculation runs them mixed with short ones instead.
-- Elastic TP (`--tp-mode plan`) pays at 16k/32k on servegen (32k 64x7B: 10.0x vs 8.3x fixed TP) and
-  costs where rounds are short or every round wants the same TP (artifact 8k, synthetic-bimodal): each
-  TP change costs `engine.tp_switch_s` = 10 s (an assumption).  So *ours-best* is not the best row
-  everywhere: *ours (fixed TP)* beats it on the artifact config and on synthetic-bimodal.
+  verify step of 5 tokens costs about one plain step.  Its effect scales with the acceptance: 0.55 per
+  drafted token (1.11 accepted drafts per verify step), below the embedded engine's best measured
+  figure (1.27 per verify with finished siblings to draft from, one running row) and well above its
+  worst (0.1-0.27 per verify with every sibling still running: 4-16 rows); `--set spec.acceptance=`
+  replays another figure.  Sync gains from it too (*sync + speculation* is 1.7-2.05x sync), so part
+  of ours-best's lead over the baselines is the engine, not the schedule; against sync + speculation,
+  ours-best is 1.7-2.5x on servegen (artifact config, 8k/16k/32k, both `between`) and 4.3-4.4x at
+  32k 64x7B, and it loses on synthetic-bimodal at 16k and 32k (134.1 vs 126.2 s, 335.9 vs 311.9 s
+  per step): there a quarter of each step's prompts are hard, tail batching defers them into long
+  rounds of nothing but near-cap requests, and sync with speculation runs them mixed with short ones.
+- Elastic TP (`--tp-mode plan`) pays on servegen (32k 64x7B: 9.08x vs 6.36x fixed TP) and costs
+  where every long round wants the same TP (synthetic-bimodal at 16k/32k): each TP change costs
+  `engine.tp_switch_s` = 10 s (an assumption).  So *ours-best* is not the best row everywhere:
+  *ours (fixed TP)* beats it on synthetic-bimodal at 16k and 32k.
 - Sibling-aware scheduling in the core (`defer_at`, `longest_first`) measured slower, so both are off by
   default and not in ours-best: artifact config, tail 27.7 s/step vs 31.9 (`defer_at 0.9`) and 30.7
   (`defer_at 0.8`): deferring groups early fills the long queue sooner and long rounds dominate;
@@ -178,9 +179,9 @@ complete every step (tail with eta_prompts 1.0, eta_responses 1.5: no long queue
 1.25 P prompts with exactly R responses each (tail, eta_responses 1.0: unfinished prompts wait in the long
 queue); *RollPacker tail* = the paper's knobs (1.25 / 1.25); *APRIL partial* = over-sample, abort at target,
 resume next step (staleness 1); *SortedRL* = on-policy grouped loading (n = 4); *ours-best* = RollPacker tail +
-lossless speculative decoding when an instance runs <= 32 requests (acceptance 0.7 per drafted token, 4 drafts:
-an assumption in the range Seer / TLT / DAS report; `--set spec.acceptance=` takes the engine's measured
-figure) + cost-model TP per round (`--tp-mode plan`, 10 s per TP switch); *ours (fixed TP)* is ours-best
+lossless speculative decoding when an instance runs <= 32 requests (acceptance 0.55 per drafted token, 4 drafts:
+from the embedded engine's measured `speculation_stats`, see rollpacker/sim/speculation.py; `--set spec.acceptance=`
+replays another figure) + cost-model TP per round (`--tp-mode plan`, 10 s per TP switch); *ours (fixed TP)* is ours-best
 without elastic TP; *sync + speculation* is the veRL baseline on the same speculating engine (how much of
 ours-best's lead is the engine rather than the schedule).
 

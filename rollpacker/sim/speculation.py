@@ -43,9 +43,11 @@ ACCEPTANCE = 0.55
 """Per-token acceptance of sibling / n-gram drafts, measured: the embedded engine on real rollouts of
 the default tasks (SmolLM2-135M-Instruct, temperature 1, groups of 4, 4 drafts, one running row;
 `benchmarks/spec_decode.py`, RESULTS.md "Speculative decoding in the tail") accepted 1.27 drafts
-per verify step, i.e. a + a^2 + a^3 + a^4 = 1.27, a = 0.55 (2.27 tokens per verify step).  The
-cited papers report 2-4 tokens per verify step for larger models and longer answers (Seer,
-grouped SD; TLT / DAS); 0.55 is the lower, measured end."""
+per verify step with finished siblings to draft from (one running row: a + a^2 + a^3 + a^4 = 1.27
+gives a = 0.59), and 0.1-0.27 with every sibling of the group still running (4-16 rows).  A long
+round's tail is the first case (most siblings have finished), so 0.55 (1.11 accepted per verify
+step, 2.11 tokens) stands a little below that measured figure.  The cited papers report 2-4 tokens
+per verify step for larger models and longer answers (Seer, grouped SD; TLT / DAS)."""
 
 
 @frozen(kw_only=True)
