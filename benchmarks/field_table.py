@@ -59,7 +59,7 @@ READING = """Reading the tables (simulator only; the reward is a stand-in; figur
   drafted token (1.11 accepted drafts per verify step), below the embedded engine's best measured
   figure (1.27 per verify with finished siblings to draft from, one running row) and well above its
   worst (0.1-0.27 per verify with every sibling still running: 4-16 rows); `--set spec.acceptance=`
-  replays another figure.  Sync gains from it too (*sync + speculation* is 1.7-2.05x sync), so part
+  replays another figure (32k 64x7B, ours-best at 0.2: 22.0 s/step, 7.1x sync; at 0.55: 17.3 s).  Sync gains from it too (*sync + speculation* is 1.7-2.05x sync), so part
   of ours-best's lead over the baselines is the engine, not the schedule; against sync + speculation,
   ours-best is 1.7-2.5x on servegen (artifact config, 8k/16k/32k, both `between`) and 4.3-4.4x at
   32k 64x7B, and it loses on synthetic-bimodal at 16k and 32k (134.1 vs 126.2 s, 335.9 vs 311.9 s
