@@ -18,13 +18,13 @@ from .commands import (
     TrainSampleRef,
 )
 from .errors import ConfigError, RollpackerError, SchedulerMisuse
-from .events import Event, RequestAborted, RequestFinished, RewardScored, TimeAdvanced, TokensGenerated
+from .events import Event, RequestAborted, RequestFinished, RewardScored, TokensGenerated
 from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
 from .length_history import LengthPrediction
 from .planner import Policy, RoundPlanner
 from .policies import POLICIES, PartialPolicy, SortedPolicy, SyncPolicy, TailPolicy, make_policy, policy_knobs
 from .prompt_pool import PromptPool
-from .records import PromptKey, Sample, ScoredSample, Segment, request_id, request_number
+from .records import PromptKey, Sample, Segment, request_id, request_number
 from .round_state import PlannerState
 from .scheduler import Scheduler
 from .stream_batcher import BatcherConfig, StreamBatcher
@@ -34,8 +34,8 @@ __all__ = [
     "LaunchRequest", "LengthPrediction", "Occupancy", "OptimizerStep", "POLICIES", "PartialPolicy",
     "PlannerState", "Policy", "PromptKey", "PromptPool", "RequestAborted", "RequestFinished",
     "RewardScored", "RollpackerError", "RoundEnded", "RoundPlanner", "RoundReport", "Sample",
-    "SchedulerMisuse", "Scheduler", "ScoreSample", "ScoredSample", "Segment",
-    "SortedPolicy", "StreamBatcher", "SyncPolicy", "TailPolicy", "TimeAdvanced", "TokensGenerated",
+    "SchedulerMisuse", "Scheduler", "ScoreSample", "Segment",
+    "SortedPolicy", "StreamBatcher", "SyncPolicy", "TailPolicy", "TokensGenerated",
     "TrainMicroBatch", "TrainSampleRef", "advantages", "bubble_ratio", "make_policy", "policy_knobs",
     "request_id", "request_number", "step_record",
 ]

@@ -20,12 +20,7 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
-from .errors import ConfigError
-
-
-def _positive_number(instance, attribute, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ConfigError(f"{attribute.name} must be a number > 0, got {value!r}")
+from .validators import positive_number
 
 
 @frozen(kw_only=True)
@@ -33,16 +28,16 @@ class ModelShape:
     """What the cost model needs of a model (bf16 weights unless dtype_bytes says otherwise)."""
 
     name: str
-    layers: int = field(validator=_positive_number)
-    heads: int = field(validator=_positive_number)
+    layers: int = field(validator=positive_number)
+    heads: int = field(validator=positive_number)
     """Query heads (prefill attention FLOPs)."""
-    kv_heads: int = field(validator=_positive_number)
-    head_dim: int = field(validator=_positive_number)
-    weight_bytes: float = field(validator=_positive_number)
+    kv_heads: int = field(validator=positive_number)
+    head_dim: int = field(validator=positive_number)
+    weight_bytes: float = field(validator=positive_number)
     """W: all weights, as resident in GPU memory."""
-    read_bytes: float = field(validator=_positive_number)
+    read_bytes: float = field(validator=positive_number)
     """W_read: weights read per decode step (no input embedding, untied lm_head included)."""
-    hidden: int = field(validator=_positive_number)
+    hidden: int = field(validator=positive_number)
     dtype_bytes: int = 2
 
     @property
@@ -60,15 +55,15 @@ class Hardware:
     """One GPU type and the engine's fixed costs."""
 
     name: str
-    memory_bytes: float = field(validator=_positive_number)
-    bw_weights: float = field(validator=_positive_number)
-    bw_kv: float = field(validator=_positive_number)
-    flops: float = field(validator=_positive_number)
-    flops_attn: float = field(validator=_positive_number)
-    tau_layer: float = field(validator=_positive_number)
-    tau_allreduce: float = field(validator=_positive_number)
-    tau_fixed: float = field(validator=_positive_number)
-    gpus_per_node: int = field(validator=_positive_number)
+    memory_bytes: float = field(validator=positive_number)
+    bw_weights: float = field(validator=positive_number)
+    bw_kv: float = field(validator=positive_number)
+    flops: float = field(validator=positive_number)
+    flops_attn: float = field(validator=positive_number)
+    tau_layer: float = field(validator=positive_number)
+    tau_allreduce: float = field(validator=positive_number)
+    tau_fixed: float = field(validator=positive_number)
+    gpus_per_node: int = field(validator=positive_number)
     tp_efficiency: tuple[tuple[int, float], ...] = ((1, 1.0),)
     """(TP, GEMM speed-up / TP); TPs not listed use the largest listed TP below them."""
     allreduce_bw: tuple[tuple[int, float], ...] = ()
@@ -89,8 +84,8 @@ class CostModel:
 
     model: ModelShape
     hardware: Hardware
-    tp: int = field(validator=_positive_number)
-    mem_fraction: float = field(validator=_positive_number)
+    tp: int = field(validator=positive_number)
+    mem_fraction: float = field(validator=positive_number)
     """Share of GPU memory for weights + KV cache (SGLang mem_fraction_static, vLLM
     gpu_memory_utilization)."""
 

@@ -60,11 +60,4 @@ class RewardScored:
     at: float = 0.0
 
 
-@frozen
-class TimeAdvanced:
-    """The clock moved; lets time-based rules (deadlines) fire without another event."""
-
-    at: float = 0.0
-
-
-Event = RequestFinished | RequestAborted | TokensGenerated | RewardScored | TimeAdvanced
+Event = RequestFinished | RequestAborted | TokensGenerated | RewardScored

@@ -289,7 +289,7 @@ class RoundPlanner:
 
     def handle(self, state: PlannerState, event: Event) -> tuple[PlannerState, list[Command]]:
         if not isinstance(event, (RequestFinished, RequestAborted, TokensGenerated)):
-            return state, []  # rewards and time are other components' business
+            return state, []  # rewards are the stream batcher's business
         number = request_number(event.request_id)
         record = state.requests.get(number)
         if record is None:

@@ -37,7 +37,8 @@ from attrs import field, frozen
 
 from .errors import ConfigError, SchedulerMisuse
 from .length_history import LengthHistory, LengthPrediction, frozen_array
-from .records import PromptKey, positive_int
+from .records import PromptKey
+from .validators import positive
 
 FRESH, IN_FLIGHT, DEFERRED, COMPLETED = "fresh", "in_flight", "deferred", "completed"
 
@@ -61,7 +62,7 @@ def _epoch_position(num_prompts: int, seed: int, epoch: int) -> np.ndarray:
 class PromptPool:
     """Immutable pool state; every operation returns a new pool."""
 
-    num_prompts: int = field(converter=lambda v: positive_int("num_prompts", v))
+    num_prompts: int = field(validator=positive)
     seed: int = 0
     epoch: int = 0
     cursor: int = 0

@@ -4,12 +4,10 @@ samples.  Nothing here holds token ids: the driver keeps those, keyed by our req
 
 from __future__ import annotations
 
-import math
-
 import attrs
 from attrs import field, frozen
 
-from .errors import ConfigError, SchedulerMisuse
+from .errors import SchedulerMisuse
 
 # Request ids are ours, unique and fixed-width.  SGLang's /abort_request matches rids by prefix, so
 # no id may be a prefix of another: a fixed width guarantees it.
@@ -89,28 +87,6 @@ class Sample:
         return sum(s.num_tokens for s in self.segments if s.policy_version < policy_version)
 
 
-def _finite(instance, attribute, value) -> None:
-    if not math.isfinite(value):
-        raise SchedulerMisuse(f"{attribute.name} must be finite, got {value!r}")
-
-
-@frozen
-class ScoredSample:
-    """A kept sample with its reward."""
-
-    sample: Sample
-    reward: float = field(validator=_finite)
-    failed: bool = False
-    """True if the scorer raised, timed out or returned NaN (reward is then 0)."""
-
-
-def positive_int(name: str, value: object) -> int:
-    """Validate a count >= 1 at a constructor boundary, naming the field."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
-
-
 def state(cls):
     """Class decorator for the core's internal state on the per-event path (planner and batcher
     state, groups, request records): frozen attrs, kept in `__dict__` rather than slots so that
@@ -127,8 +103,7 @@ def replace(inst, **changes):
     fields with `changes` applied (about 0.3 us; a plain evolve costs 3-5 us).  Boundary records
     that need validation are built with their constructors."""
     fields = inst.__dict__.copy()
-    fields.update(changes)
-    assert len(fields) == len(inst.__dict__), f"unknown field in {sorted(changes)}"
+    fields.update(changes)  # (unchecked: `changes` must name fields of the class)
     new = _new(inst.__class__)
     _set(new, "__dict__", fields)
     return new

@@ -30,21 +30,17 @@ from immutables import Map
 from .errors import ConfigError, SchedulerMisuse
 from .events import RewardScored
 from .records import request_number
-
-
-def _positive(instance, attribute, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ConfigError(f"reward {attribute.name} must be > 0, got {value!r}")
+from .validators import positive_number
 
 
 @frozen(kw_only=True)
 class RewardConfig:
-    workers: int = field(default=64, validator=_positive)
+    workers: int = field(default=64, validator=positive_number)
     """Samples scored at once (sandbox / verifier processes)."""
-    t_min: float = field(default=2.0, validator=_positive)
-    scale: float = field(default=1.5, validator=_positive)
+    t_min: float = field(default=2.0, validator=positive_number)
+    scale: float = field(default=1.5, validator=positive_number)
     """lambda: the timeout is this multiple of the slowest correct execution."""
-    t_max: float = field(default=30.0, validator=_positive)
+    t_max: float = field(default=30.0, validator=positive_number)
 
     def __attrs_post_init__(self) -> None:
         if self.t_min > self.t_max:

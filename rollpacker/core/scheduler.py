@@ -63,9 +63,10 @@ class Scheduler:
         return self._note(out)
 
     def _note(self, commands: list[Command]) -> list[Command]:
-        if any(isinstance(c, OptimizerStep) for c in commands):
-            self.step_done = True
-            self._committed = self.state
+        for command in commands:
+            if isinstance(command, OptimizerStep):
+                self.step_done = True
+                self._committed = self.state
         return commands
 
     def to_dict(self) -> dict:

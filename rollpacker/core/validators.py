@@ -1,29 +1,36 @@
-"""Field validators shared by the core's config classes; each raises `ConfigError` naming the field."""
+"""Field validators shared by the core's config classes: `attrs.validators`, a failure raised as a
+`ConfigError` (the caller's configuration is at fault) that names the field, the rule and the value."""
 
 from __future__ import annotations
+
+from attrs.validators import and_, ge, gt, instance_of, not_, optional
 
 from .errors import ConfigError
 
 
-def positive(instance, attribute, value) -> None:
-    """An integer >= 1 (a count)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+def config_check(rule: str, *validators):
+    """All of `validators`; a value they refuse is a `ConfigError`: "<field> must be <rule>, got <value>"."""
+    check = and_(*validators)
+
+    def validate(instance, attribute, value) -> None:
+        try:
+            check(instance, attribute, value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{attribute.name} must be {rule}, got {value!r}") from None
+
+    return validate
 
 
-def optional_positive(instance, attribute, value) -> None:
-    """None, or an integer >= 1."""
-    if value is not None:
-        positive(instance, attribute, value)
+_NOT_BOOL = not_(instance_of(bool))
+_INTEGER = (instance_of(int), _NOT_BOOL)
+_NUMBER = (instance_of((int, float)), _NOT_BOOL)
 
-
-def at_least_one(instance, attribute, value) -> None:
-    """A number >= 1 (an over-launch factor, eta)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 1.0:
-        raise ConfigError(f"{attribute.name} must be a number >= 1, got {value!r}")
-
-
-def non_negative(instance, attribute, value) -> None:
-    """An integer >= 0."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+positive = config_check("an integer >= 1", *_INTEGER, ge(1))
+"""A count."""
+optional_positive = optional(positive)
+"""None, or an integer >= 1."""
+non_negative = config_check("an integer >= 0", *_INTEGER, ge(0))
+at_least_one = config_check("a number >= 1", *_NUMBER, ge(1.0))
+"""An over-launch factor (eta)."""
+positive_number = config_check("a number > 0", *_NUMBER, gt(0))
+"""A size, a rate or a time."""
