@@ -49,7 +49,7 @@ def test_from_spans_counts_requests_in_flight_and_the_total_sums_engines():
     assert trace.times == (0.0, 1.0, 2.0, 3.0, 5.0) and trace.running == (1, 3, 2, 1, 0)
     mean = trace.mean_running(np.array([0.0, 1.0, 3.0, 5.0]))
     assert mean.tolist() == [1.0, 2.5, 1.0]
-    both = total_trace([trace, EngineTrace("f", (0.0, 2.0), (2, 0), 4)], end=5.0)
+    both = total_trace([trace, EngineTrace("f", (0.0, 2.0), (2, 0), 4)])
     assert both.capacity == 8 and both.running == (3, 5, 2, 1, 0)
 
 

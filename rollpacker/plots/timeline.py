@@ -76,7 +76,7 @@ class StepTimeline:
     """(start, end, outcome) per request, for the per-request view of a small step."""
 
 
-def total_trace(engines: Sequence[EngineTrace], end: float) -> EngineTrace:
+def total_trace(engines: Sequence[EngineTrace]) -> EngineTrace:
     """All engines summed into one trace."""
     times = sorted({t for e in engines for t in e.times} | {0.0})
     running = [0] * len(times)
@@ -94,7 +94,7 @@ def plot_step_timeline(timeline: StepTimeline, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     many = len(timeline.engines) > MAX_ENGINE_PANELS
-    traces = [total_trace(timeline.engines, timeline.step_end)] if many else list(timeline.engines)
+    traces = [total_trace(timeline.engines)] if many else list(timeline.engines)
     show_requests = timeline.requests is not None and 0 < len(timeline.requests) <= MAX_REQUEST_ROWS
     heights = [2.2] * len(traces) + ([1.8] if many else []) + [0.7] + ([2.6] if show_requests else [])
     fig, axes = plt.subplots(len(heights), 1, figsize=(11, 1.0 + sum(heights)),
@@ -175,13 +175,13 @@ def _requests(ax, timeline: StepTimeline) -> None:
     for row, (start, end, outcome) in enumerate(timeline.requests):
         stop = end if end is not None else timeline.round_end
         ax.barh(row, stop - start, left=start, color=REQUEST_COLORS.get(outcome, "tab:gray"), height=0.8)
-    handles = [matplotlib_patch(c) for c in REQUEST_COLORS.values()]
+    handles = [_patch(c) for c in REQUEST_COLORS.values()]
     ax.legend(handles, list(REQUEST_COLORS), loc="lower right", fontsize=7, ncol=5)
     ax.set_ylabel("request", fontsize=8)
     ax.set_xlabel("seconds since the step began")
 
 
-def matplotlib_patch(color: str):
+def _patch(color: str):
     import matplotlib.pyplot as plt
 
     return plt.Rectangle((0, 0), 1, 1, color=color)
