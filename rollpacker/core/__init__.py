@@ -2,6 +2,18 @@
 
 No torch, no I/O: state machines over frozen attrs state, `(state, event) -> (state, commands)`.
 A driver feeds events (events.py) from a backend and executes the commands (commands.py).
+
+The components, one concept per module:
+
+    prompt_pool          the epoch's prompts, each trained exactly once (PromptPool)
+    length_history       per-prompt response lengths and the length prediction
+    planner, policies/   rounds: sync (veRL), tail (RollPacker), sorted (SortedRL), partial (APRIL)
+    stream_batcher       rewarded groups into micro-batches and one optimizer step
+    advantages           GRPO / Dr. GRPO / RLOO group advantages
+    reward_scheduler     per-sample scoring with RollPacker's adaptive timeouts
+    tp_planner           the rollout tensor-parallel size per round, from the cost model
+    scheduler            the planner and the stream batcher behind one handle
+    metrics              bubble ratio, occupancy, the per-step record
 """
 
 from .advantages import advantages
@@ -17,25 +29,39 @@ from .commands import (
     TrainMicroBatch,
     TrainSampleRef,
 )
+from .cost_model import CostModel, Hardware, ModelShape
 from .errors import ConfigError, RollpackerError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, RewardScored, TokensGenerated
-from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
 from .length_history import LengthPrediction
+from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
 from .planner import Policy, RoundPlanner
 from .policies import POLICIES, PartialPolicy, SortedPolicy, SyncPolicy, TailPolicy, make_policy, policy_knobs
 from .prompt_pool import PromptPool
 from .records import PromptKey, Sample, Segment, request_id, request_number
+from .reward_scheduler import RewardConfig, RewardScheduler, StartScoring
 from .round_state import PlannerState
 from .scheduler import Scheduler
 from .stream_batcher import BatcherConfig, StreamBatcher
+from .tp_planner import OnlineTP, TpChoice, plan_tp
 
 __all__ = [
-    "AbortRequest", "BatcherConfig", "Command", "ConfigError", "EpochLedger", "Event", "GroupCompleted",
-    "LaunchRequest", "LengthPrediction", "Occupancy", "OptimizerStep", "POLICIES", "PartialPolicy",
-    "PlannerState", "Policy", "PromptKey", "PromptPool", "RequestAborted", "RequestFinished",
-    "RewardScored", "RollpackerError", "RoundEnded", "RoundPlanner", "RoundReport", "Sample",
-    "SchedulerMisuse", "Scheduler", "ScoreSample", "Segment",
-    "SortedPolicy", "StreamBatcher", "SyncPolicy", "TailPolicy", "TokensGenerated",
-    "TrainMicroBatch", "TrainSampleRef", "advantages", "bubble_ratio", "make_policy", "policy_knobs",
-    "request_id", "request_number", "step_record",
+    # driving the core
+    "Scheduler", "Event", "RequestFinished", "RequestAborted", "TokensGenerated", "RewardScored",
+    "Command", "LaunchRequest", "AbortRequest", "ScoreSample", "GroupCompleted", "TrainMicroBatch",
+    "TrainSampleRef", "OptimizerStep", "RoundEnded", "RoundReport",
+    # prompts and lengths
+    "PromptPool", "PromptKey", "LengthPrediction", "Sample", "Segment", "request_id", "request_number",
+    # round planning and its policies
+    "RoundPlanner", "PlannerState", "Policy", "POLICIES", "make_policy", "policy_knobs",
+    "SyncPolicy", "TailPolicy", "SortedPolicy", "PartialPolicy",
+    # training batches
+    "StreamBatcher", "BatcherConfig", "advantages",
+    # rewards
+    "RewardScheduler", "RewardConfig", "StartScoring",
+    # tensor parallelism
+    "plan_tp", "OnlineTP", "TpChoice", "CostModel", "ModelShape", "Hardware",
+    # metrics
+    "EpochLedger", "Occupancy", "bubble_ratio", "step_record",
+    # errors
+    "RollpackerError", "ConfigError", "SchedulerMisuse",
 ]
