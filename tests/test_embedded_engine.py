@@ -283,3 +283,23 @@ def test_slot_cache_allocated_once_and_rows_move_without_changing_outputs(tiny):
     assert fixed.cache.length == 64  # 40 rounded up to the allocation step, never grown
     alone = greedy(Runner(model, 0, capacity=2), [1], 30)
     assert moved == alone
+
+
+def test_speculation_default_is_off_on_cpu_and_explicit_values_hold(tiny):
+    """Measured no faster on CPU (benchmarks/spec_decode.py), so off there unless asked for."""
+    model, _ = tiny
+    with EmbeddedEngine(model, capacity=4) as engine:
+        assert engine._speculator.max_rows == 0
+    with EmbeddedEngine(model, capacity=4, spec_max_rows=3) as engine:
+        assert engine._speculator.max_rows == 3
+    with pytest.raises(ConfigError, match="spec_max_rows"):
+        EmbeddedEngine(model, capacity=4, spec_max_rows=-1)
+
+
+@pytest.mark.gpu
+def test_speculation_default_is_on_in_the_tail_on_cuda(tiny):
+    from rollpacker.backends.embedded_speculation import SPEC_MAX_ROWS_CUDA
+
+    model, _ = load_model(tiny_random_llama(), device="cuda")
+    with EmbeddedEngine(model, capacity=4) as engine:
+        assert engine._speculator.max_rows == SPEC_MAX_ROWS_CUDA

@@ -22,6 +22,10 @@ from attrs import define
 from rollpacker.backends.embedded_drafter import Drafter
 from rollpacker.core.errors import ConfigError
 
+SPEC_MAX_ROWS_CUDA = 4
+"""The engine's default threshold on a GPU (on CPU speculation is off by default: measured no faster
+there, `benchmarks/spec_decode.py`)."""
+
 
 @define(kw_only=True)
 class SpeculationStats:
