@@ -87,8 +87,10 @@ def group_tokens(group: Group) -> int:
 class _Txn:
     """The mutable working copy of one transition; `freeze` builds the next immutable state."""
 
+    __slots__ = ("policy", "state", "requests", "round", "groups", "deltas", "queue", "next_request", "commands",
+                 "round_changes")
+
     def __init__(self, planner: RoundPlanner, state: PlannerState) -> None:
-        self.planner = planner
         self.policy = planner.policy
         self.state = state
         self.requests = state.requests
@@ -103,7 +105,8 @@ class _Txn:
     def freeze(self) -> PlannerState:
         tally = self.round.tally
         if self.deltas:
-            tally = replace(tally, **{k: getattr(tally, k) + v for k, v in self.deltas.items()})
+            counts = tally.__dict__
+            tally = replace(tally, **{k: counts[k] + v for k, v in self.deltas.items()})
         rnd = replace(self.round, groups=self.groups, tally=tally, queue=self.queue, **self.round_changes)
         return replace(self.state, requests=self.requests, round=rnd, next_request=self.next_request)
 
