@@ -42,6 +42,7 @@ def main(argv: list[str]) -> int:
     run_dir = RunDir(config.out)  # not writable: one line naming --out, before any model loads
     if not has_work(config, run_dir):
         return 0
+    run_dir.check_dataset(config.dataset, resume=config.resume is not None)
     try:
         if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
             rest = [a for i, a in enumerate(argv) if not a.startswith("--nproc") and not (i and argv[i - 1] == "--nproc")]

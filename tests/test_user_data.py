@@ -146,6 +146,11 @@ def test_plain_layout_with_a_hanging_reward_and_a_skipped_long_row(tiny_model, u
     for r in rs:  # each step trains both kept rows: the hanging row's 2 samples time out
         assert r["trained_prompts"] == 2 and r["reward_num_timed_out"] == 2 and r["reward_failures"] == 2
         assert r["reward_metric_from_source"] == 0.0  # data_source defaults to the file's stem
+    # a resume reads the file again: one that changed since the run started is refused, naming it
+    data.write_text(data.read_text().replace('"answer"', '"answer" ', 1))
+    proc = run_train("--resume", out, "--steps", "3", check=False, timeout=100)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"the --dataset file {data} changed since the run started" in proc.stderr
 
 
 # -- bad input ------------------------------------------------------------------------------------
@@ -183,6 +188,8 @@ def test_bad_dataset_or_reward_is_a_config_error_naming_file_row_and_key(tmp_pat
             config.validate()
         assert needle in str(caught.value), (name, str(caught.value))
         assert "\n" not in str(caught.value), name
+    with pytest.raises(ConfigError, match="--dataset-size is for --tasks"):  # not silently ignored
+        parse(["--dataset", str(tmp_path / "any.jsonl"), "--dataset-size", "4"])
 
 
 @pytest.mark.timeout(200)

@@ -324,5 +324,8 @@ def parse(argv: list[str]) -> RunConfig:
         del rest[at : at + 2]
     if preset not in PRESETS:
         raise ConfigError(f"unknown --preset {preset!r}; presets: {', '.join(PRESETS)}")
-    return tyro.cli(RunConfig, default=PRESETS[preset](), args=rest,
-                    description="rollpacker reference trainer. Presets (--preset NAME): " + ", ".join(PRESETS))
+    config = tyro.cli(RunConfig, default=PRESETS[preset](), args=rest,
+                      description="rollpacker reference trainer. Presets (--preset NAME): " + ", ".join(PRESETS))
+    if config.dataset is not None and any(a.split("=")[0] == "--dataset-size" for a in rest):
+        raise ConfigError("--dataset-size is for --tasks: a --dataset file's epoch is all of its rows")
+    return config

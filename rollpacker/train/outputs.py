@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from rollpacker.core.errors import ConfigError, RollpackerError
 STATE = "state"
 SCHEDULER_FILE = "scheduler.json"
 CONFIG_FILE = "config.json"
+DATASET_MARK = "dataset.sha256"
 
 
 def _jsonable(value: Any) -> Any:
@@ -100,6 +102,22 @@ class RunDir:
     def holds_a_run(self) -> bool:
         """Whether an earlier run left metrics, state or checkpoints here."""
         return any((self.path / name).exists() for name in ("metrics.jsonl", STATE, STATE + ".old", "checkpoints"))
+
+    def check_dataset(self, dataset: Path | None, resume: bool) -> None:
+        """Note the --dataset file's sha256 when a run starts; a resume refuses a file that changed
+        (its prompts would no longer be the ones the saved state counts)."""
+        if dataset is None:
+            return
+        digest = hashlib.sha256()
+        with open(dataset, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        mark = self.path / DATASET_MARK
+        if resume and mark.is_file() and mark.read_text().split()[0] != digest.hexdigest():
+            raise ConfigError(f"--resume {self.path}: the --dataset file {dataset} changed since the run started "
+                              f"(sha256 in {mark}); put the original back or start a new run with a fresh --out")
+        if not resume:
+            mark.write_text(f"{digest.hexdigest()}  {dataset}\n")
 
     def saved_step(self) -> int | None:
         """Steps finished in the saved state (None: nothing saved yet)."""
