@@ -57,6 +57,10 @@ class LengthPrediction:
         return max(math.exp(self.mean_log + z * self.std_log), float(self.max_tokens))
 
 
+_DTYPES = {"count": np.int64, "sum_log": np.float64, "sum_log2": np.float64, "max_tokens": np.int64,
+           "censored": np.int64}
+
+
 @frozen
 class LengthHistory:
     """Per-dataset-index length statistics (read-only arrays, replaced per round)."""
@@ -69,12 +73,15 @@ class LengthHistory:
 
     @classmethod
     def empty(cls, num_prompts: int) -> LengthHistory:
-        return cls(
-            *(
-                frozen_array(np.zeros(num_prompts, dtype=dtype))
-                for dtype in (np.int64, np.float64, np.float64, np.int64, np.int64)
-            )
-        )
+        return cls(**{name: frozen_array(np.zeros(num_prompts, dtype)) for name, dtype in _DTYPES.items()})
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LengthHistory:
+        """Inverse of `attrs.asdict` (arrays as lists)."""
+        return cls(**{name: frozen_array(np.asarray(data[name], dtype)) for name, dtype in _DTYPES.items()})
+
+    def same_as(self, other: LengthHistory) -> bool:
+        return all(np.array_equal(getattr(self, name), getattr(other, name)) for name in _DTYPES)
 
     def record(self, indices: Sequence[int], lengths: Sequence[int], finished: Sequence[bool]) -> LengthHistory:
         """New history with these observations; `finished=False` marks a cut (censored) sample."""

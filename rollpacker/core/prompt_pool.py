@@ -36,7 +36,7 @@ import numpy as np
 from attrs import field, frozen
 
 from .errors import ConfigError, SchedulerMisuse
-from .length_history import LengthHistory, LengthPrediction, frozen_array
+from .length_history import LengthHistory, LengthPrediction
 from .records import PromptKey
 from .validators import positive
 
@@ -153,64 +153,39 @@ class PromptPool:
     # -- checkpoints -----------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        """A plain dict (JSON-able) holding the whole pool, history included."""
-        keys = lambda ks: [[k.epoch, k.index] for k in ks]  # noqa: E731
-        h = self.history
-        return {
-            "num_prompts": self.num_prompts,
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "cursor": self.cursor,
-            "returned": keys(self.returned),
-            "deferred": keys(self.deferred),
-            "in_flight": keys(sorted(self.in_flight)),
-            "history": {
-                "count": h.count.tolist(),
-                "sum_log": h.sum_log.tolist(),
-                "sum_log2": h.sum_log2.tolist(),
-                "max_tokens": h.max_tokens.tolist(),
-                "censored": h.censored.tolist(),
-            },
-        }
+        """A plain dict (JSON-able) holding the whole pool, history included: `attrs.asdict`, with
+        the in-flight set sorted and the history's arrays as lists."""
+        return attrs.asdict(self, value_serializer=_plain)
 
     @classmethod
     def from_dict(cls, data: dict) -> PromptPool:
+        """Inverse of `to_dict`; a missing field is a `ConfigError` naming it."""
         try:
-            keys = lambda name: tuple(PromptKey(int(e), int(i)) for e, i in data[name])  # noqa: E731
-            h = data["history"]
-            history = LengthHistory(
-                *(
-                    frozen_array(np.asarray(h[name], dtype=dtype))
-                    for name, dtype in (
-                        ("count", np.int64),
-                        ("sum_log", np.float64),
-                        ("sum_log2", np.float64),
-                        ("max_tokens", np.int64),
-                        ("censored", np.int64),
-                    )
-                )
-            )
+            keys = lambda name: tuple(PromptKey(**k) for k in data[name])  # noqa: E731
             pool = cls(
-                num_prompts=int(data["num_prompts"]),
-                seed=int(data["seed"]),
-                epoch=int(data["epoch"]),
-                cursor=int(data["cursor"]),
+                **{name: int(data[name]) for name in ("num_prompts", "seed", "epoch", "cursor")},
                 returned=keys("returned"),
                 deferred=keys("deferred"),
                 in_flight=frozenset(keys("in_flight")),
-                history=history,
+                history=LengthHistory.from_dict(data["history"]),
             )
         except KeyError as exc:
             raise ConfigError(f"prompt pool checkpoint is missing field {exc.args[0]!r}") from None
-        if len(history.count) != pool.num_prompts:
+        if len(pool.history.count) != pool.num_prompts:
             raise ConfigError(
-                f"prompt pool checkpoint: history has {len(history.count)} prompts, num_prompts={pool.num_prompts}"
+                f"prompt pool checkpoint: history has {len(pool.history.count)} prompts, num_prompts={pool.num_prompts}"
             )
         return pool
 
     def same_as(self, other: PromptPool) -> bool:
         """Equality including the length history (attrs eq skips the arrays)."""
-        return self == other and all(
-            np.array_equal(getattr(self.history, f), getattr(other.history, f))
-            for f in ("count", "sum_log", "sum_log2", "max_tokens", "censored")
-        )
+        return self == other and self.history.same_as(other.history)
+
+
+def _plain(instance, attribute, value):
+    """`attrs.asdict` hook: JSON-able values (a sorted list for a set, a list for an array)."""
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
