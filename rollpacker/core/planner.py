@@ -117,6 +117,8 @@ class _Txn:
     # -- launching -------------------------------------------------------------------------------
 
     def launch_pending(self) -> None:
+        if not self.queue:
+            return
         capacity = self.policy.capacity
         step = self.round.step
         launched = 0

@@ -22,7 +22,6 @@ OptimizerStep lists them.
 
 from __future__ import annotations
 
-import numpy as np
 from attrs import field, frozen
 from attrs.validators import in_
 from immutables import Map
@@ -120,13 +119,13 @@ class StreamBatcher:
             number = samples[i].number
             if state.rewards[number] == AWAITING:  # re-checked from i + 1 when this one arrives
                 return replace(state, waiting=state.waiting.set(number, (prompt, samples, i + 1))), []
-        rewards = np.array([state.rewards[s.number] for s in samples], dtype=np.float64)
+        rewards = [state.rewards[s.number] for s in samples]
         # (their rewards stay in the map until the step ends: one sweep then, not a removal each)
-        if self.config.dynamic_sampling and np.ptp(rewards) == 0:
+        if self.config.dynamic_sampling and max(rewards) == min(rewards):
             state = replace(state, groups_ready=state.groups_ready + 1, dropped=state.dropped + (prompt,))
             return self._maybe_finish(state, [])
         adv = advantages(rewards, self.config.advantage, self.config.eps)
-        refs = tuple(TrainSampleRef(s, float(a), self._weight(s)) for s, a in zip(samples, adv))
+        refs = tuple(TrainSampleRef(s, a, self._weight(s)) for s, a in zip(samples, adv))
         commands: list[Command] = []
         packed, index = self._pack(state, refs, commands)
         state = replace(
