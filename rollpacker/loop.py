@@ -141,6 +141,9 @@ class StepLoop:
         self.last_timeline: list[Interval] = []
         self.ledger = EpochLedger()
         """Prompt keys trained so far by this loop (duplicates are counted, never expected)."""
+        self.sample_rewards: dict[str, float] = {}
+        """Rewards by request id, kept while their sample may still be trained (a carried group's
+        samples are scored in one step and trained in a later one)."""
         self._awaiting_reward: dict[str, Interval] = {}
         """Intervals of kept samples whose reward has not arrived yet."""
 
@@ -150,6 +153,7 @@ class StepLoop:
         """Play one round, train it with one optimizer step, sync weights; return the metrics."""
         log = _StepLog(start=time.perf_counter())
         self._log = log
+        self.sample_rewards = {rid: r for rid, r in self.sample_rewards.items() if rid in self.tokens}
         self._execute(self.sched.begin_round())
         while not self.sched.step_done:
             self._check_deadline(log)
@@ -168,7 +172,7 @@ class StepLoop:
                 self._execute(self.sched.handle(self._engine_event(log, out)))
         for outcome in outcomes:
             reward = outcome.reward if not outcome.failed else 0.0
-            log.rewards[outcome.request_id] = reward
+            log.rewards[outcome.request_id] = self.sample_rewards[outcome.request_id] = reward
             scored = self._awaiting_reward.pop(outcome.request_id, None)
             if scored is not None:  # (its interval may be a past step's: a carried group's reward)
                 scored.reward = reward
@@ -264,7 +268,7 @@ class StepLoop:
                 token_weight=ref.token_weight,
                 old_logprobs=self._logprobs(s.segments) if self.config.use_engine_logprobs else None,
             ))
-            self._log.trained_rewards.append(self._log.rewards[s.request_id])
+            self._log.trained_rewards.append(self.sample_rewards[s.request_id])
         self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
         t = time.perf_counter()
         self._log.train_stats.append(self.trainer.forward_backward(MicroBatch(tuple(samples))))
@@ -318,7 +322,7 @@ class StepLoop:
         bubble = log.occupancy.bubble_ratio(self.engine.capacity, rollout_s)
         rewards = log.trained_rewards
         pool = self.sched.state.pool
-        spreads = [max(r) - min(r) for r in ([log.rewards[i] for i in g] for g in log.groups) if r]
+        spreads = [max(r) - min(r) for r in ([self.sample_rewards[i] for i in g] for g in log.groups) if r]
         loss_sum = sum(s.loss_sum for s in log.train_stats)
         tokens = sum(s.num_tokens for s in log.train_stats)
         entropy = sum(s.entropy_sum for s in log.train_stats)

@@ -104,3 +104,26 @@ def test_step_records_hold_every_request_and_export_as_a_workload(tmp_path):
     assert all(len(line["lengths"]) == len(line["finish_reasons"]) for line in lines)
     workload = load_workload(str(out), num_prompts=len({line["prompt"] for line in lines}), seed=0, max_tokens=MAX)
     assert all(1 <= workload.sample(i, 0) <= MAX for i in range(workload.num_prompts))
+
+
+def test_a_sample_scored_in_one_step_and_trained_in_the_next_keeps_its_reward():
+    """Partial rollout carries a group's finished samples into the next step: their rewards, which
+    arrived in the earlier step, are still there when the group trains (was a KeyError)."""
+    sched = Scheduler(make_policy("partial", prompts=3, samples=2, max_tokens=MAX), num_prompts=8)
+    loop = StepLoop(sched, FirstSamplesFirst(), FakeRewards(), FakeTrainer(), FakePrompts())
+    records = [loop.run_step() for _ in range(4)]
+    for before, after in zip(records, records[1:]):
+        scored = {prompt for prompt, _, _, _, reward in before["requests"] if reward is not None}
+        trained_before = {int(k.rpartition("p")[2]) for k in before["trained"]}
+        carried = scored - trained_before  # a group with a scored sample that trains next step
+        assert carried and carried <= {int(k.rpartition("p")[2]) for k in after["trained"]}
+    assert all(r["mean_reward"] == 1.0 for r in records)  # FakeRewards: 1.0 for every sample
+
+
+class FirstSamplesFirst(FakeEngine):
+    """Answers every group's first sample before any second one: the over-sampled group has one
+    finished sample (kept, scored) and one aborted when the round ends, so it is carried."""
+
+    def submit(self, requests) -> None:
+        super().submit(requests)
+        self.out.sort(key=lambda o: int(o.request_id[2:]) % 2)
