@@ -182,7 +182,7 @@ class _Txn:
         live = [(s, g) for s, g in sorted(self.groups.items())
                 if s != done_slot and not g.is_complete and (g.running or g.pending)]
         log = self.round_changes.get("observations", self.round.observations)
-        clock = max((n for _, n, finished in cons_iter(log) if finished), default=0)
+        clock = max((n for _, n, finished, _ in cons_iter(log) if finished), default=0)
         for slot in self.policy.to_defer(live, need, self.state.pool.history, clock):
             group = self.groups[slot]
             self.abort_requests(group.running)
@@ -205,9 +205,8 @@ class _Txn:
         """Bookkeeping shared by finish and abort: drop the record, log the length; the group and
         its running set without this request (the caller writes the group back once)."""
         self.requests = self.requests.delete(number)
-        total = segments_tokens(record.resume) + num_tokens
-        self.count(generated=num_tokens, ended_requests=1, ended_tokens=total)
-        observation = (record.prompt.index, total, finished)
+        total = segments_tokens(record.resume) + num_tokens if record.resume else num_tokens
+        observation = (record.prompt.index, total, finished, num_tokens)  # tallied at the round's end
         self.round_changes["observations"] = (
             observation,
             self.round_changes.get("observations", self.round.observations),
@@ -325,14 +324,15 @@ class RoundPlanner:
         trained = [g for g in groups if g.is_complete]
         incomplete = [g for g in groups if not g.is_complete]
         held = sum(group_tokens(g) for g in incomplete)
-        tally = rnd.tally
         carried_out = held if self.policy.carries else 0
-        wasted = tally.wasted + (0 if self.policy.carries else held)
         pool = state.pool.complete(g.prompt for g in trained)
         observations = list(cons_iter(rnd.observations))
+        tally = rnd.tally
         if observations:
-            indices, lengths, finished = zip(*observations)
+            indices, lengths, finished, generated = zip(*observations)
             pool = pool.record_lengths(indices, lengths, finished)
+            tally = replace(tally, generated=sum(generated), ended_requests=len(lengths), ended_tokens=sum(lengths))
+        wasted = tally.wasted + (0 if self.policy.carries else held)
         state = replace(state, pool=pool)
         state = self.policy.close_round(state, rnd.kind, incomplete)
         if self.policy.carries:

@@ -63,7 +63,10 @@ class Group:
 @state
 class Tally:
     """Token accounting of the round.  Identity checked by the tests:
-    generated + carried_in == kept + wasted + carried_out (at the round's end)."""
+    generated + carried_in == kept + wasted + carried_out (at the round's end).
+
+    `generated`, `ended_requests` and `ended_tokens` are summed once, at the round's end, from the
+    round's observations (one per ended request), so a plain finish does not touch the tally."""
 
     launched: int = 0
     generated: int = 0
@@ -90,7 +93,8 @@ class RoundState:
     closing: bool = False
     tally: Tally = field(factory=Tally)
     observations: Cons = None
-    """(dataset index, length, finished) for the pool's length history."""
+    """(dataset index, length with prefix, finished, tokens generated) of every request that ended:
+    the pool's length history and the tally's generated / ended counts."""
 
 
 @state
