@@ -8,19 +8,22 @@ the embedded engine and the model --model names, default SmolLM2-135M-Instruct) 
 weights never move, so a sample that the policy aborted can be generated to its end afterwards under
 the very weights that started it.  Every launched sample is then known in full:
 
-- kept: the policy scored it for training (its reward is the run's);
-- finished but not kept (a late answer to a full group): its own tokens, scored here;
+- kept: the policy trained it (its reward is the run's);
+- pending: not trained when the run ended, but a later step might (scored in a group still carried,
+  or tokens carried for partial rollout to resume); launched means are also given without them;
+- finished but not kept (a late answer to a full group, or a group dropped): its own tokens, scored
+  here if the run did not;
 - aborted: its request is submitted again, same prompt and resumed ids, same seed, same max tokens,
   and run to its end.  The engine draws every token from a hash of (seed, token index), not from a
   generator's state, so the new run repeats the aborted tokens and goes on; `prefix_mismatches`
-  counts the completions that did not (a near tie in the logits that a different batch rounds the
-  other way would do that).  Scored here with the trainer's reward function and workers.
+  lists the completions that did not (a near tie in the logits that a batch of other rows rounds the
+  other way does that; such a completion is still a sample of the same model, counted as it came).
+  Scored here with the trainer's reward function and workers.
 
 A partial-rollout sample spans several requests (each resumes the previous one's tokens); it counts
 once, as its last request's prompt + resumed + own tokens.  A "length" finish is always at the run's
 --max-tokens (the planner's max_new_tokens subtracts only resumed tokens), so only aborts cut a
-sample short.  Kept here means scored for training: a group still carried at the end of the run
-counts as kept.
+sample short.
 """
 
 from __future__ import annotations
@@ -51,9 +54,11 @@ class LaunchedSample:
     request_id: str
     prompt: int
     is_kept: bool
+    """The policy trained it."""
     is_aborted: bool
-    is_carried: bool
-    """Not kept, but its tokens are carried into the next step (partial rollout would resume it)."""
+    is_pending: bool
+    """Not trained yet when the run ended, but a later step may: scored in a group still carried, or
+    tokens carried for partial rollout to resume."""
     num_generated: int
     """Response tokens it had when the run ended (resumed and own; an aborted one's prefix)."""
     response_ids: tuple[int, ...]
@@ -66,16 +71,17 @@ class PolicyBias:
     samples: tuple[LaunchedSample, ...]
     requests: int
     """Requests launched (a resumed partial sample is several)."""
-    prefix_mismatches: int
-    """Aborted requests whose completion did not start with the tokens they had."""
+    prefix_mismatches: tuple[tuple[int, int], ...]
+    """(tokens it had, first differing index) of each aborted request whose completion did not
+    start with the tokens it had."""
     rounds: tuple[str, ...]
     """Each step's round: "normal" (sync), "short" or "long" (tail), ..."""
     seconds: float
 
-    def means(self, kept_only: bool, with_carried: bool = True) -> tuple[int, float, float]:
+    def means(self, kept_only: bool, with_pending: bool = True) -> tuple[int, float, float]:
         """(count, mean length, mean reward) of the kept samples or of all launched ones (without
-        those carried into a next step if not `with_carried`)."""
-        chosen = [s for s in self.samples if (s.is_kept or not kept_only) and (with_carried or not s.is_carried)]
+        those still pending at the end of the run if not `with_pending`)."""
+        chosen = [s for s in self.samples if (s.is_kept or not kept_only) and (with_pending or not s.is_pending)]
         if not chosen:
             return 0, 0.0, 0.0
         return (len(chosen), sum(len(s.response_ids) for s in chosen) / len(chosen),
@@ -127,22 +133,27 @@ def final_requests(timeline) -> list:
     return [i for i in timeline if i.request_id not in resumed]
 
 
-def complete_samples(session: Session, timeline) -> tuple[list[LaunchedSample], int]:
+def complete_samples(session: Session, timeline) -> tuple[list[LaunchedSample], tuple]:
     """Every launched sample in full, aborted ones generated to their end, unscored ones scored."""
     finals = final_requests(timeline)
     unfinished = [i for i in finals if i.finish_reason in ("abort", "")]
     completions = regenerate(session.engine, [i.request for i in unfinished])
-    mismatches = sum(completions[i.request_id][: len(i.token_ids)] != i.token_ids for i in unfinished)
+    mismatches = tuple((len(i.token_ids), first_difference(completions[i.request_id], i.token_ids))
+                       for i in unfinished if completions[i.request_id][: len(i.token_ids)] != i.token_ids)
     responses = {i.request_id: i.request.resume_ids + completions.get(i.request_id, i.token_ids) for i in finals}
     missing = {i.request_id: i.prompt for i in finals if i.reward is None}
     rewards = score(session, {rid: (prompt, responses[rid]) for rid, prompt in missing.items()})
     carried = set(session.loop.tokens)  # what the loop keeps after a step: tokens a later step needs
-    samples = [LaunchedSample(i.request_id, i.prompt, i.outcome == "kept", i.request_id in completions,
-                              i.outcome != "kept" and i.request_id in carried,
+    samples = [LaunchedSample(i.request_id, i.prompt, i.is_trained, i.request_id in completions,
+                              not i.is_trained and i.request_id in carried,
                               len(i.request.resume_ids) + len(i.token_ids), responses[i.request_id],
                               i.reward if i.reward is not None else rewards[i.request_id])
                for i in finals]
     return samples, mismatches
+
+
+def first_difference(a, b) -> int:
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def regenerate(engine, requests) -> dict[str, tuple[int, ...]]:
@@ -175,29 +186,33 @@ def score(session: Session, responses: dict[str, tuple[int, tuple[int, ...]]]) -
 # -- the table -------------------------------------------------------------------------------------
 
 def table(results: list[PolicyBias]) -> list[str]:
-    lines = ["| policy | rounds | requests | launched samples | kept | not kept: dropped / carried "
+    lines = ["| policy | rounds | requests | launched samples | kept (trained) | not trained: dropped / pending "
              "| aborted, completed here | kept / launched mean length | kept / launched mean reward "
              "| prefix mismatches |", "|---|---|---|---|---|---|---|---|---|---|"]
     # requests > launched samples: partial rollout resumed some samples in later requests
     for r in results:
         n_kept, kept_len, kept_reward = r.means(kept_only=True)
         n_all, all_len, all_reward = r.means(kept_only=False)
-        carried = sum(s.is_carried for s in r.samples)
+        pending = sum(s.is_pending for s in r.samples)
         aborted = sum(s.is_aborted for s in r.samples)
         lines.append(f"| {r.policy} | {' '.join(r.rounds)} | {r.requests} | {n_all} | {n_kept} "
-                     f"| {n_all - n_kept - carried} / {carried} | {aborted} | {kept_len:.1f} / {all_len:.1f} "
-                     f"| {kept_reward:.3f} / {all_reward:.3f} | {r.prefix_mismatches} |")
+                     f"| {n_all - n_kept - pending} / {pending} | {aborted} | {kept_len:.1f} / {all_len:.1f} "
+                     f"| {kept_reward:.3f} / {all_reward:.3f} | {len(r.prefix_mismatches)} |")
     return lines
 
 
-def without_carried(results: list[PolicyBias]) -> list[str]:
-    """Launched means without the samples carried into a next step (a longer run would keep them)."""
+def notes(results: list[PolicyBias]) -> list[str]:
+    """Launched means without the samples pending at the end (a longer run may train them), and
+    where completions parted from the aborted tokens."""
     lines = []
     for r in results:
-        if any(s.is_carried for s in r.samples):
-            n, length, reward = r.means(kept_only=False, with_carried=False)
-            lines.append(f"- {r.policy}, launched without the {len(r.samples) - n} carried samples: "
+        if any(s.is_pending for s in r.samples):
+            n, length, reward = r.means(kept_only=False, with_pending=False)
+            lines.append(f"- {r.policy}, launched without the {len(r.samples) - n} pending samples: "
                          f"{n} samples, mean length {length:.1f}, mean reward {reward:.3f}.")
+        for had, at in r.prefix_mismatches:
+            lines.append(f"- {r.policy}: an aborted request with {had} tokens was completed along another path "
+                         f"from token {at} on.")
     return lines
 
 
@@ -215,7 +230,8 @@ def main() -> int:
     base = parse(["--prompts", str(args.prompts), "--samples", str(args.samples), "--max-tokens",
                   str(args.max_tokens), "--steps", str(args.steps), *train_flags])
     results = measure(base, args.policies.split(","), args.steps, out)
-    lines = table(results) + [""] + without_carried(results)
+    results.sort(key=lambda r: POLICIES.index(r.policy) if r.policy in POLICIES else len(POLICIES))
+    lines = table(results) + [""] + notes(results)
     print("\n".join(lines))
     if args.write_results:
         write_results(args, train_flags, results, lines)

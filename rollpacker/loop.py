@@ -101,6 +101,8 @@ class Interval:
     """The tokens it generated (this request's own, without the resumed ones)."""
     reward: float | None = None
     """Its sample's reward, if it was kept and scored (0.0 when the scorer failed)."""
+    is_trained: bool = False
+    """Its sample went into a micro-batch (in this step or, carried, in a later one)."""
 
 
 @define
@@ -144,8 +146,8 @@ class StepLoop:
         self.sample_rewards: dict[str, float] = {}
         """Rewards by request id, kept while their sample may still be trained (a carried group's
         samples are scored in one step and trained in a later one)."""
-        self._awaiting_reward: dict[str, Interval] = {}
-        """Intervals of kept samples whose reward has not arrived yet."""
+        self._kept: dict[str, Interval] = {}
+        """Intervals of kept samples that may still be scored or trained (a carried group's, in a later step)."""
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -154,6 +156,7 @@ class StepLoop:
         log = _StepLog(start=time.perf_counter())
         self._log = log
         self.sample_rewards = {rid: r for rid, r in self.sample_rewards.items() if rid in self.tokens}
+        self._kept = {rid: i for rid, i in self._kept.items() if rid in self.tokens}
         self._execute(self.sched.begin_round())
         while not self.sched.step_done:
             self._check_deadline(log)
@@ -173,7 +176,7 @@ class StepLoop:
         for outcome in outcomes:
             reward = outcome.reward if not outcome.failed else 0.0
             log.rewards[outcome.request_id] = self.sample_rewards[outcome.request_id] = reward
-            scored = self._awaiting_reward.pop(outcome.request_id, None)
+            scored = self._kept.get(outcome.request_id)
             if scored is not None:  # (its interval may be a past step's: a carried group's reward)
                 scored.reward = reward
             log.failed_rewards += outcome.failed
@@ -253,7 +256,7 @@ class StepLoop:
         interval = self._log.intervals.get(sample.request_id)
         if interval is not None:
             interval.outcome = "kept"
-            self._awaiting_reward[sample.request_id] = interval
+            self._kept[sample.request_id] = interval
         job = self.prompts.reward_job(sample.request_id, sample.prompt.index, self._response_ids(sample.segments))
         self.rewards.submit(job)
 
@@ -269,6 +272,8 @@ class StepLoop:
                 old_logprobs=self._logprobs(s.segments) if self.config.use_engine_logprobs else None,
             ))
             self._log.trained_rewards.append(self.sample_rewards[s.request_id])
+            if s.request_id in self._kept:
+                self._kept[s.request_id].is_trained = True
         self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
         t = time.perf_counter()
         self._log.train_stats.append(self.trainer.forward_backward(MicroBatch(tuple(samples))))
