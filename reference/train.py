@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from rollpacker.core.errors import ConfigError, RollpackerError
-from rollpacker.train.config import RunConfig, parse
+from rollpacker.train.config import KNOB_SECTIONS, RunConfig, parse
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.progress import StageBars, step_line
 from rollpacker.train.session import Session, follower_main, init_distributed_env
@@ -95,8 +95,8 @@ def resumed_config(flags: RunConfig, argv: list[str]) -> RunConfig:
     saved = RunDir(flags.resume).load_config_dict()
     config = parse(["--preset", "smollm2_cpu_tail"])  # typed defaults, then the saved values
     for key, value in saved.items():
-        if key in ("tail", "sorted", "partial"):
-            value = type(getattr(config, key))(**value)
+        if key in KNOB_SECTIONS:  # a knob the saved run predates takes the core's default
+            value = KNOB_SECTIONS[key](**value)
         elif key in ("out", "resume", "dataset") and value is not None:
             value = Path(value)
         elif isinstance(value, list):

@@ -35,7 +35,17 @@ from .events import Event, RequestAborted, RequestFinished, RewardScored, Tokens
 from .length_history import LengthPrediction
 from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
 from .planner import Policy, RoundPlanner
-from .policies import POLICIES, PartialPolicy, SortedPolicy, SyncPolicy, TailPolicy, make_policy, policy_knobs
+from .policies import (
+    POLICIES,
+    Knob,
+    PartialPolicy,
+    SortedPolicy,
+    SyncPolicy,
+    TailPolicy,
+    knob_specs,
+    make_policy,
+    policy_knobs,
+)
 from .prompt_pool import PromptPool
 from .records import PromptKey, Sample, Segment, request_id, request_number
 from .reward_scheduler import RewardConfig, RewardScheduler, StartScoring
@@ -52,7 +62,7 @@ __all__ = [
     # prompts and lengths
     "PromptPool", "PromptKey", "LengthPrediction", "Sample", "Segment", "request_id", "request_number",
     # round planning and its policies
-    "RoundPlanner", "PlannerState", "Policy", "POLICIES", "make_policy", "policy_knobs",
+    "RoundPlanner", "PlannerState", "Policy", "POLICIES", "make_policy", "policy_knobs", "knob_specs", "Knob",
     "SyncPolicy", "TailPolicy", "SortedPolicy", "PartialPolicy",
     # training batches
     "StreamBatcher", "BatcherConfig", "advantages",

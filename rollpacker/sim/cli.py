@@ -9,7 +9,7 @@ from pathlib import Path
 
 import attrs
 
-from rollpacker.core import POLICIES, ConfigError, policy_knobs
+from rollpacker.core import POLICIES, ConfigError, Knob, knob_specs
 
 from .config import TP_MODES, SimConfig
 from .constants import MODELS, SimConstants
@@ -24,17 +24,35 @@ def on_off(raw: str) -> bool:
     return value in ("on", "true", "1", "yes")
 
 
-KNOB_FLAGS = {  # flag -> (knob, type)
-    "--eta-prompts": ("eta_prompts", float),
-    "--eta-responses": ("eta_responses", float),
-    "--long-round-at": ("long_round_at", int),
-    "--group-batches": ("group_batches", int),
-    "--mode": ("mode", str),
-    "--staleness": ("staleness", int),
-    "--capacity": ("capacity", int),
-    "--defer-at": ("defer_at", float),
-    "--longest-first": ("longest_first", on_off),
-}
+def knob_flags() -> dict[str, list[tuple[str, Knob]]]:
+    """Every policy knob by name, with the policies that have it, read from the core's policy classes.
+    The simulator's knob flags are shared between policies: --staleness sets sorted's and partial's."""
+    by_name: dict[str, list[tuple[str, Knob]]] = {}
+    for policy in POLICIES:
+        for knob in knob_specs(policy):
+            by_name.setdefault(knob.name, []).append((policy, knob))
+    return by_name
+
+
+def add_knob_arguments(p: argparse.ArgumentParser) -> None:
+    """One --flag per core policy knob (a bool takes on/off, alone it means on)."""
+    group = p.add_argument_group("policy knobs", "from rollpacker.core.policies; each says which policies have it")
+    for name, owners in knob_flags().items():
+        knob = owners[0][1]
+        if any(k.type != knob.type for _, k in owners):
+            raise ConfigError(f"policy knob {name!r} has different types in {', '.join(p for p, _ in owners)}")
+        kind = dict(type=on_off, nargs="?", const=True, metavar="on|off") if knob.value_type is bool else \
+            dict(type=knob.value_type, choices=knob.choices)
+        group.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=_knob_help(owners), **kind)
+
+
+def _knob_help(owners: list[tuple[str, Knob]]) -> str:
+    """"tail, sorted: its docstring (default D)", one part per distinct docstring and default."""
+    parts: dict[tuple[str, str], list[str]] = {}
+    for policy, knob in owners:
+        parts.setdefault((knob.help, str(knob.default)), []).append(policy)
+    text = "; ".join(f"{', '.join(names)}: {doc} (default {default})" for (doc, default), names in parts.items())
+    return text.replace("%", "%%")
 
 
 def add_parser(sub, name: str) -> argparse.ArgumentParser:
@@ -49,9 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="servegen-r1",
                    help=f"built-in ({', '.join(BUILTIN)}) or a JSONL path: {{\"prompt\": id, \"lengths\": [int, ...]}}")
     p.add_argument("--policy", default="tail", choices=list(POLICIES))
-    for flag, (knob, kind) in KNOB_FLAGS.items():
-        p.add_argument(flag, dest=knob, type=kind, default=None, help=f"policy knob {knob}")
-    p.add_argument("--predict", action="store_true", default=None, help="tail: use predicted lengths")
+    add_knob_arguments(p)
     p.add_argument("--instances", type=int, default=16, help="rollout instances (GPUs = instances x --tp)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size per instance")
     p.add_argument("--tp-mode", default="fixed", choices=TP_MODES,
@@ -100,15 +116,12 @@ def constants_from(overrides: list[str]) -> SimConstants:
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
-    knobs = {knob: getattr(args, knob) for knob, _ in KNOB_FLAGS.values() if getattr(args, knob) is not None}
-    if args.predict:
-        knobs["predict"] = True
-    valid = policy_knobs(args.policy)
+    knobs = {name: getattr(args, name) for name in knob_flags() if getattr(args, name) is not None}
+    valid = [k.name for k in knob_specs(args.policy)]
     for knob in knobs:
         if knob not in valid:
-            flag = "--" + knob.replace("_", "-")
-            raise ConfigError(f"{flag} is not a knob of policy {args.policy!r} (its knobs: "
-                              f"{', '.join('--' + k.replace('_', '-') for k in valid if k not in ('prompts', 'samples', 'max_tokens'))})")
+            raise ConfigError(f"{_flag(knob)} is not a knob of policy {args.policy!r} (its knobs: "
+                              f"{', '.join(map(_flag, valid))})")
     if args.workload not in BUILTIN and not Path(args.workload).is_file():
         raise ConfigError(f"--workload {args.workload!r}: no such file, and not one of {', '.join(BUILTIN)}")
     for flag, path in (("--json", args.json_out), ("--plot", args.plot)):
@@ -127,6 +140,10 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         raise ConfigError(f"--plot-step {args.plot_step} is outside 0..{args.steps - 1}")
     config.build_policy()  # knob values are checked here, before any work
     return config
+
+
+def _flag(knob: str) -> str:
+    return "--" + knob.replace("_", "-")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,39 +13,26 @@ from pathlib import Path
 from typing import Literal
 
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.policies import make_policy
+from rollpacker.core.policies import POLICIES, knob_specs, make_policy
 
 
-@dataclass(kw_only=True)
-class TailKnobs:
-    eta_prompts: float = 1.25
-    """Over-launch factor of prompts in short rounds."""
-    eta_responses: float = 1.25
-    """Over-launch factor of responses per prompt in short rounds (1.0: unbiased groups)."""
-    predict: bool = False
-    """Send prompts predicted long straight to the long queue."""
-    long_round_at: int | None = None
-    """Long-queue size that triggers a long round (default: prompts)."""
+def knob_section(policy: str) -> type:
+    """A dataclass of policy `policy`'s knobs, built from its core class (`--tail.eta-prompts`): the
+    names, types, defaults and help are the core's, so a knob added there is a flag here.  The help
+    goes in the class docstring's Args section, where tyro reads it for a class with no source."""
+    specs = knob_specs(policy)
+    doc = f"Knobs of --policy {policy} (rollpacker.core.policies).\n\nArgs:\n" + "".join(
+        f"    {k.name}: {' '.join(k.help.split())}\n" for k in specs)
+    fields = [(k.name, k.type, field(default=k.default)) for k in specs]
+    cls = dataclasses.make_dataclass(f"{policy.title()}Knobs", fields, kw_only=True, namespace={"__doc__": doc})
+    cls.__module__ = __name__
+    return cls
 
 
-@dataclass(kw_only=True)
-class SortedKnobs:
-    group_batches: int = 4
-    """SortedRL's n: rollout batches loaded together."""
-    mode: Literal["on_policy", "partial"] = "on_policy"
-    """on_policy drops unfinished work after each update; partial keeps it (bounded staleness)."""
-    staleness: int = 1
-    """Partial mode: most policy versions a trained token may lag."""
-    capacity: int | None = None
-    """Most requests running at once (default prompts x samples)."""
-
-
-@dataclass(kw_only=True)
-class PartialKnobs:
-    eta_prompts: float = 1.25
-    """Over-sampling factor of prompts per round."""
-    staleness: int = 1
-    """Most policy versions a trained token may lag."""
+KNOB_SECTIONS = {name: knob_section(name) for name in POLICIES}
+"""Policy name -> its knob dataclass; RunConfig has one field of each, named after the policy."""
+SyncKnobs, TailKnobs, SortedKnobs, PartialKnobs = (KNOB_SECTIONS[n] for n in ("sync", "tail", "sorted", "partial"))
+PolicyName = Literal[tuple(POLICIES)]
 
 
 @dataclass(kw_only=True)
@@ -92,11 +79,16 @@ class RunConfig:
     solution_str, ground_truth, extra_info) -> float | dict (default: reasoning-gym for --tasks, math for
     --dataset)."""
     # -- policy ----------------------------------------------------------------------------------
-    policy: Literal["sync", "tail", "sorted", "partial"] = "tail"
+    policy: PolicyName = "tail"
     """Round planner policy."""
+    sync: SyncKnobs = field(default_factory=SyncKnobs)
+    """Knobs of --policy sync (veRL's baseline)."""
     tail: TailKnobs = field(default_factory=TailKnobs)
+    """Knobs of --policy tail (RollPacker's tail batching)."""
     sorted: SortedKnobs = field(default_factory=SortedKnobs)
+    """Knobs of --policy sorted (SortedRL)."""
     partial: PartialKnobs = field(default_factory=PartialKnobs)
+    """Knobs of --policy partial (APRIL / Kimi partial rollouts)."""
     # -- rollout ---------------------------------------------------------------------------------
     rollout: Literal["embedded", "sglang"] = "embedded"
     """Rollout backend: the embedded engine in this process, or SGLang servers (--sglang-urls)."""
@@ -148,9 +140,8 @@ class RunConfig:
     """Fail a step that runs longer than this (a stuck engine or server)."""
 
     def policy_knobs(self, name: str | None = None) -> dict:
-        name = name or self.policy
-        knobs = {"tail": self.tail, "sorted": self.sorted, "partial": self.partial}.get(name)
-        return dataclasses.asdict(knobs) if knobs is not None else {}
+        """The knobs of policy `name` (default --policy) as keyword arguments of its core class."""
+        return dataclasses.asdict(getattr(self, name or self.policy))
 
     def build_policy(self, name: str | None = None):
         return make_policy(name or self.policy, prompts=self.prompts, samples=self.samples,

@@ -6,6 +6,7 @@
     sorted_rl.py        SortedRL: grouped loading, completion-order update batches
     partial_rollout.py  APRIL / Kimi partial rollouts: abort at target, resume next round
     policy_base.py      the fields and helpers they share
+    knobs.py            each policy's knobs (name, type, default, docstring) for the CLIs
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import attrs
 
 from ..errors import ConfigError
+from .knobs import RUN_SHAPE, Knob, knobs_of
 from .partial_rollout import PartialPolicy
 from .sorted_rl import SortedPolicy
 from .sync_rollout import SyncPolicy
 from .tail_batching import TailPolicy
 
-__all__ = ["POLICIES", "PartialPolicy", "SortedPolicy", "SyncPolicy", "TailPolicy", "make_policy", "policy_knobs"]
+__all__ = ["POLICIES", "RUN_SHAPE", "Knob", "PartialPolicy", "SortedPolicy", "SyncPolicy", "TailPolicy", "knob_specs",
+           "make_policy", "policy_knobs"]
 
 POLICIES = {"sync": SyncPolicy, "tail": TailPolicy, "sorted": SortedPolicy, "partial": PartialPolicy}
 
@@ -39,3 +42,8 @@ def make_policy(name: str, **knobs):
 def policy_knobs(name: str) -> dict[str, object]:
     """Every knob of a policy with its default (attrs.NOTHING for required ones)."""
     return {f.name: f.default for f in attrs.fields(POLICIES[name])}
+
+
+def knob_specs(name: str) -> tuple[Knob, ...]:
+    """The knobs of policy `name` (every field but the run's shape), with types, defaults and help."""
+    return knobs_of(POLICIES[name])

@@ -20,7 +20,7 @@ class PolicyBase:
     max_tokens: int = field(validator=positive)
     """Most new tokens of one response."""
     capacity: int | None = field(default=None, validator=optional_positive)
-    """Most requests running at once; None launches the whole round at once."""
+    """Most requests running at once; None launches the whole round at once (sorted: P x R)."""
 
     carries = False
     max_staleness = 0

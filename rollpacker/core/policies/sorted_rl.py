@@ -20,6 +20,8 @@ first, instead of the dataset order.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import attrs
 from attrs import field, frozen
 from attrs.validators import in_
@@ -29,7 +31,8 @@ from ..sibling_prediction import longest_first
 from ..validators import non_negative, positive
 from .policy_base import PolicyBase
 
-MODES = ("on_policy", "partial")
+Mode = Literal["on_policy", "partial"]
+MODES = get_args(Mode)
 
 
 @frozen(kw_only=True)
@@ -37,7 +40,8 @@ class SortedPolicy(PolicyBase):
     name = "sorted"
     group_batches: int = field(default=4, validator=positive)
     """n: rollout batches loaded together."""
-    mode: str = field(default="on_policy", validator=in_(MODES))
+    mode: Mode = field(default="on_policy", validator=in_(MODES))
+    """on_policy drops unfinished work after each update; partial keeps it (bounded staleness)."""
     staleness: int = field(default=1, validator=non_negative)
     """Partial mode: most policy versions a trained token may lag."""
     prefetch: bool = True
