@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -206,6 +207,13 @@ def notes(results: list[PolicyBias]) -> list[str]:
     where completions parted from the aborted tokens."""
     lines = []
     for r in results:
+        dropped = [s for s in r.samples if not s.is_kept and not s.is_pending]
+        if dropped:
+            lines.append(f"- {r.policy}, the {len(dropped)} dropped samples: mean length "
+                         f"{sum(len(s.response_ids) for s in dropped) / len(dropped):.1f}, mean reward "
+                         f"{sum(s.reward for s in dropped) / len(dropped):.3f}; reward > 0 in "
+                         f"{sum(s.reward > 0 for s in dropped)} dropped vs "
+                         f"{sum(s.reward > 0 for s in r.samples if s.is_kept)} kept samples.")
         if any(s.is_pending for s in r.samples):
             n, length, reward = r.means(kept_only=False, with_pending=False)
             lines.append(f"- {r.policy}, launched without the {len(r.samples) - n} pending samples: "
@@ -233,6 +241,7 @@ def main() -> int:
     results.sort(key=lambda r: POLICIES.index(r.policy) if r.policy in POLICIES else len(POLICIES))
     lines = table(results) + [""] + notes(results)
     print("\n".join(lines))
+    (out / "bias.json").write_text(json.dumps([attrs.asdict(r) for r in results]))
     if args.write_results:
         write_results(args, train_flags, results, lines)
     return 0
@@ -248,14 +257,16 @@ def write_results(args, train_flags: list[str], results: list[PolicyBias], lines
         f"({os.cpu_count()} cores, shared with other jobs), {args.steps} steps per policy, "
         f"P={args.prompts} R={args.samples} max_tokens={args.max_tokens}, "
         f"SmolLM2-135M-Instruct fp32 (the embedded default){', trainer flags ' + ' '.join(train_flags) if train_flags else ''}, "
-        f"default task mix and reward (reasoning-gym scorers), seed 0; {seconds / 60:.0f} minutes in all.  "
+        f"default task mix and reward (reasoning-gym scorers), seed 0; {seconds / 60:.0f} minutes in all; "
+        f"every sample in {args.out or 'the run directory'}/bias.json.  "
         "`--lr 0`: the weights stay fixed, so every aborted sample is generated to its end afterwards "
         "under the same weights and seed (lengths and rewards of the samples the policy dropped are "
         "measured, not guessed); the policies' step times are not the point here.",
         "",
         *lines,
     ]
-    write_section("Bias on real runs", "\n".join(body))
+    write_section("Bias on real runs", "\n".join(body),
+                  subsection=f"P={args.prompts} R={args.samples} max_tokens={args.max_tokens}, {args.steps} steps")
 
 
 if __name__ == "__main__":
