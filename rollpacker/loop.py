@@ -4,6 +4,11 @@ It owns no scheduling logic: it turns engine outputs and reward outcomes into co
 them to the `Scheduler`, and executes the commands it gets back against the rollout engine, the
 reward executor and the trainer (all through the Protocols of `rollpacker.core.protocols`).
 
+Scoring: a kept sample's reward job is handed to the core's reward scheduler (`start_scoring`); the
+job goes to the executor when the core starts it (`StartScoring`), with the core's deadline for it
+(RollPacker's adaptive timeout), which the executor enforces from when a worker takes the job.  Each
+outcome, with how long the scorer ran, goes back to the core (`scoring_finished`).
+
 Stream training: a `TrainMicroBatch` runs as soon as the batcher emits it, while the round's
 other requests keep generating (the engine decodes in its own thread or server), so training of
 finished groups hides under the tail; `hidden_train_s` reports how much.  After the single
@@ -16,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import attrs
 from attrs import define, field, frozen
 
 from .core import (
@@ -26,11 +32,11 @@ from .core import (
     OptimizerStep,
     RequestAborted,
     RequestFinished,
-    RewardScored,
     EpochLedger,
     RoundEnded,
     Scheduler,
     ScoreSample,
+    StartScoring,
     TrainMicroBatch,
     step_record,
 )
@@ -148,6 +154,8 @@ class StepLoop:
         samples are scored in one step and trained in a later one)."""
         self._kept: dict[str, Interval] = {}
         """Intervals of kept samples that may still be scored or trained (a carried group's, in a later step)."""
+        self._reward_jobs: dict[str, RewardJob] = {}
+        """Reward jobs of kept samples waiting for the core to start their scoring."""
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -180,7 +188,8 @@ class StepLoop:
             if scored is not None:  # (its interval may be a past step's: a carried group's reward)
                 scored.reward = reward
             log.failed_rewards += outcome.failed
-            self._execute(self.sched.handle(RewardScored(outcome.request_id, reward, outcome.failed, self._now())))
+            self._execute(self.sched.scoring_finished(outcome.request_id, reward, self._now(), outcome.failed,
+                                                      seconds=outcome.latency_s))
         if outputs or outcomes:
             self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
 
@@ -217,6 +226,8 @@ class StepLoop:
         for command in commands:
             if isinstance(command, ScoreSample):
                 self._score(command.sample)
+            elif isinstance(command, StartScoring):  # with the core's deadline for this sample
+                self.rewards.submit(attrs.evolve(self._reward_jobs.pop(command.request_id), deadline_s=command.timeout))
             elif isinstance(command, GroupCompleted):
                 self._log.groups.append(tuple(s.request_id for s in command.samples))
             elif isinstance(command, TrainMicroBatch):
@@ -258,7 +269,8 @@ class StepLoop:
             interval.outcome = "kept"
             self._kept[sample.request_id] = interval
         job = self.prompts.reward_job(sample.request_id, sample.prompt.index, self._response_ids(sample.segments))
-        self.rewards.submit(job)
+        self._reward_jobs[sample.request_id] = job
+        self._execute(self.sched.start_scoring(sample.request_id, self._now()))
 
     def _train(self, command: TrainMicroBatch) -> None:
         samples = []

@@ -6,7 +6,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollpacker.core import ConfigError, RewardScored, request_id
+import heapq
+import itertools
+import math
+from collections import Counter
+
+from rollpacker.core import (
+    ConfigError,
+    LaunchRequest,
+    OptimizerStep,
+    RequestFinished,
+    RewardScored,
+    Scheduler,
+    ScoreSample,
+    make_policy,
+    request_id,
+    request_number,
+)
 from rollpacker.core.reward_scheduler import RewardConfig, RewardScheduler, StartScoring
 
 
@@ -85,3 +101,50 @@ def test_every_submitted_sample_gets_exactly_one_reward(jobs, workers):
         assert len(s.running) <= workers
     assert sorted(a.request_id for a in answered) == sorted(request_id(i) for i in range(len(jobs)))
     assert all(a.reward == 0.0 for a in answered if a.failed)
+
+
+@given(st.lists(st.one_of(st.floats(0.0, 40.0), st.just(math.inf)), min_size=1, max_size=12),
+       st.integers(1, 3), st.sampled_from(["sync", "tail", "partial"]))
+def test_scheduler_scores_every_kept_sample_once_by_the_cores_deadline(durations, workers, policy):
+    """A driver that runs scorers through the Scheduler (start_scoring, scoring_finished,
+    expire_rewards), with scorer times drawn from `durations` (inf: a hang), finishes each step:
+    every kept sample is answered exactly once, by the deadline the core gave it, and each deadline
+    follows the adaptive rule from the correct answers seen before it started."""
+    config = RewardConfig(workers=workers, t_min=2.0, scale=1.5, t_max=30.0)
+    sched = Scheduler(make_policy(policy, prompts=2, samples=2, max_tokens=8), num_prompts=6, rewards=config)
+    heap, tick, draw = [], itertools.count(), itertools.cycle(durations)
+    kept, answered, anchor = [], Counter(), None
+    for _ in range(2):
+        now, work = 0.0, list(sched.begin_round())
+        while True:
+            for item in work:
+                if isinstance(item, LaunchRequest):
+                    done = now + 1.0 + request_number(item.request_id) % 3
+                    heapq.heappush(heap, (done, next(tick), RequestFinished(item.request_id, 4, "stop", done)))
+                elif isinstance(item, ScoreSample):
+                    kept.append(item.sample.request_id)
+                    work.extend(sched.start_scoring(item.sample.request_id, now))
+                elif isinstance(item, StartScoring):
+                    assert item.timeout == config.timeout(anchor) and item.deadline == now + item.timeout
+                    seconds = next(draw)
+                    answer = ("answer", item.request_id, seconds) if seconds < item.timeout else ("expire",)
+                    heapq.heappush(heap, (now + min(seconds, item.timeout), next(tick), answer))
+                elif isinstance(item, RewardScored):
+                    answered[item.request_id] += 1
+                    assert not item.failed or item.reward == 0.0
+            if sched.step_done:
+                break
+            now, _, event = heapq.heappop(heap)
+            if isinstance(event, RequestFinished):
+                work = sched.handle(event)
+            elif event[0] == "answer":
+                reward = float(request_number(event[1]) % 2 == 0)  # even requests are correct
+                if reward > 0:
+                    anchor = max(anchor or 0.0, event[2])
+                work = sched.scoring_finished(event[1], reward, now, seconds=event[2])
+            else:
+                work = sched.expire_rewards(now)
+            assert any(isinstance(c, OptimizerStep) for c in work) or not sched.step_done
+    trained_or_pending = set(kept)
+    assert set(answered) <= trained_or_pending and all(n == 1 for n in answered.values())
+    assert sched.reward_state.anchor == anchor

@@ -12,7 +12,7 @@ The components, one concept per module:
     advantages           GRPO / Dr. GRPO / RLOO group advantages
     reward_scheduler     per-sample scoring with RollPacker's adaptive timeouts
     tp_planner           the rollout tensor-parallel size per round, from the cost model
-    scheduler            the planner and the stream batcher behind one handle
+    scheduler            the planner, the stream batcher and the reward scheduler behind one handle
     metrics              bubble ratio, occupancy, the per-step record
 """
 

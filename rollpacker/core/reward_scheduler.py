@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 The planner asks for a kept sample to be scored (ScoreSample); the driver hands it here with
-`submit`.  At most `workers` samples are scored at once; the rest wait in arrival order (samples
+`submit` (through the core's Scheduler, which holds this scheduler and its state:
+`Scheduler.start_scoring`, `scoring_finished`, `expire_rewards`).  At most `workers` samples are scored at once; the rest wait in arrival order (samples
 that finish first are scored first, so rewards stream with the rollout).  Each started sample gets
 a deadline, RollPacker's adaptive timeout (arXiv 2509.21009, section 5):
 
@@ -97,8 +98,9 @@ class RewardScheduler:
         return self._start(state, at, [])
 
     def finished(self, state: RewardState, request_id: str, reward: float, correct: bool, at: float,
-                 failed: bool = False) -> tuple[RewardState, list]:
-        """The scorer of `request_id` answered at `at`.  A late answer (after its timeout) is ignored."""
+                 failed: bool = False, seconds: float | None = None) -> tuple[RewardState, list]:
+        """The scorer of `request_id` answered at `at`, having run `seconds` (a driver that measured it;
+        else the time since it started).  A late answer (after its timeout) is ignored."""
         number = request_number(request_id)
         entry = state.running.get(number)
         if entry is None:
@@ -106,7 +108,7 @@ class RewardScheduler:
         _, started, _ = entry
         anchor = state.anchor
         if correct and not failed:
-            anchor = max(anchor or 0.0, at - started)
+            anchor = max(anchor or 0.0, at - started if seconds is None else seconds)
         state = attrs.evolve(state, running=state.running.delete(number), anchor=anchor,
                              scored=state.scored + 1, failures=state.failures + int(failed))
         out: list = [RewardScored(request_id, 0.0 if failed else reward, failed, at)]

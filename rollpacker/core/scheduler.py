@@ -5,6 +5,14 @@ feeds events and that hands back commands.  This is that object (as h11's Connec
 state machine): it routes the planner's ScoreSample / GroupCompleted / RoundEnded to the batcher,
 RewardScored to the batcher, request events to the planner, and returns every command.
 
+It also holds the reward scheduler (reward_scheduler.py: worker budget and RollPacker's adaptive
+timeout), so every driver gets each sample's scoring deadline from the core.  A driver that runs
+scorers with deadlines calls `start_scoring` for each ScoreSample, runs a scorer for each
+`StartScoring(request_id, deadline, timeout)` it gets back, reports answers with `scoring_finished`
+and, if it enforces deadlines by the core's clock, calls `expire_rewards` when the clock passes
+`next_reward_deadline`.  A driver that scores on its own answers ScoreSample with
+`handle(RewardScored(...))` instead.
+
     sched = Scheduler(make_policy("tail", prompts=P, samples=R, max_tokens=L), num_prompts=N)
     commands = sched.begin_round()
     while not sched.step_done:
@@ -17,6 +25,7 @@ from __future__ import annotations
 from .commands import Command, GroupCompleted, OptimizerStep, RoundEnded, ScoreSample
 from .events import Event, RewardScored
 from .planner import Policy, RoundPlanner
+from .reward_scheduler import RewardConfig, RewardScheduler, RewardState
 from .round_state import PlannerState
 from .stream_batcher import BatcherConfig, BatcherState, StreamBatcher
 
@@ -25,9 +34,12 @@ _FOR_BATCHER = (ScoreSample, GroupCompleted, RoundEnded)
 
 class Scheduler:
     def __init__(self, policy: Policy, num_prompts: int, seed: int = 0, batcher: BatcherConfig | None = None,
-                 checkpoint: dict | None = None) -> None:
+                 checkpoint: dict | None = None, rewards: RewardConfig | None = None) -> None:
         self.planner = RoundPlanner(policy)
         self.batcher = StreamBatcher(batcher)
+        self.rewards = RewardScheduler(rewards)
+        self.reward_state: RewardState = self.rewards.initial()
+        """Scoring in flight and T_anchor; not checkpointed (a restored step scores its samples again)."""
         if checkpoint is None:
             self.state: PlannerState = self.planner.initial(num_prompts, seed)
         else:
@@ -53,6 +65,46 @@ class Scheduler:
             return self._note(commands)
         self.state, commands = self.planner.handle(self.state, event)
         return self._route(commands)
+
+    # -- scoring with the core's deadlines --------------------------------------------------------
+
+    @property
+    def next_reward_deadline(self) -> float | None:
+        return self.reward_state.next_deadline
+
+    @property
+    def reward_timeout(self) -> float:
+        """The deadline a sample starting scoring now gets."""
+        return self.rewards.config.timeout(self.reward_state.anchor)
+
+    def start_scoring(self, request_id: str, at: float) -> list:
+        """Queue a kept sample (from ScoreSample) for scoring: `StartScoring` for each sample that
+        gets a worker now, with its deadline (T = min(max(t_min, scale x T_anchor), t_max))."""
+        self.reward_state, out = self.rewards.submit(self.reward_state, request_id, at)
+        return out
+
+    def scoring_finished(self, request_id: str, reward: float, at: float, failed: bool = False,
+                         seconds: float | None = None) -> list:
+        """A scorer answered after running `seconds`; a positive reward is a correct execution, which
+        may raise T_anchor.  Returns the RewardScored it decided (none for an answer past its
+        deadline), then StartScoring for the next waiting samples and the batcher's commands."""
+        correct = not failed and reward > 0
+        self.reward_state, out = self.rewards.finished(self.reward_state, request_id, reward, correct, at,
+                                                       failed, seconds)
+        return self._scored(out)
+
+    def expire_rewards(self, at: float) -> list:
+        """Fail every scoring past its deadline at `at` (reward 0); outputs as `scoring_finished`."""
+        self.reward_state, out = self.rewards.expire(self.reward_state, at)
+        return self._scored(out)
+
+    def _scored(self, out: list) -> list:
+        result = []
+        for item in out:
+            result.append(item)
+            if isinstance(item, RewardScored):
+                result.extend(self.handle(item))
+        return result
 
     def _route(self, commands: list[Command]) -> list[Command]:
         out = list(commands)

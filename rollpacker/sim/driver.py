@@ -33,7 +33,7 @@ from rollpacker.core import (
 )
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.reward_scheduler import RewardConfig, RewardScheduler, StartScoring
+from rollpacker.core.reward_scheduler import RewardConfig, StartScoring
 from rollpacker.core.tp_planner import OnlineTP, feasible_tps, plan_tp
 
 from .config import SimConfig
@@ -59,10 +59,9 @@ class Simulation:
         dataset = max(dataset, self.workload.num_prompts) if config.dataset_prompts is None else dataset
         self.workload.num_prompts = min(self.workload.num_prompts, dataset)
         self.sched = Scheduler(self.policy, num_prompts=self.workload.num_prompts, seed=config.seed,
-                               batcher=BatcherConfig())
-        self.rewards = RewardScheduler(RewardConfig(workers=c.reward.workers, t_min=c.reward.t_min,
+                               batcher=BatcherConfig(),
+                               rewards=RewardConfig(workers=c.reward.workers, t_min=c.reward.t_min,
                                                     scale=c.reward.scale, t_max=c.reward.t_max))
-        self.reward_state = self.rewards.initial()
         self.reward_model = RewardModel(c.reward, config.seed)
         self.train_model = TrainModel(c.train, self.model, config.gpus, c.train.peak_flops)
         self.record_timeline = record_timeline
@@ -177,12 +176,10 @@ class Simulation:
                 self.inbox.append(RequestFinished(req.rid, req.target, req.reason, self.now))
             self.dirty.add(inst.index)
         elif kind == SCORED:
-            rid, reward, correct = payload
-            self.reward_state, out = self.rewards.finished(self.reward_state, rid, reward, correct, self.now)
-            self._rewards_out(out)
+            rid, reward = payload
+            self._rewards_out(self.sched.scoring_finished(rid, reward, self.now))
         else:
-            self.reward_state, out = self.rewards.expire(self.reward_state, self.now)
-            self._rewards_out(out)
+            self._rewards_out(self.sched.expire_rewards(self.now))
 
     def _settle(self) -> None:
         """Admit waiting work on changed instances and schedule their next wake-up."""
@@ -214,8 +211,7 @@ class Simulation:
                 self._abort(cmd.request_id)
             elif isinstance(cmd, ScoreSample):
                 self.scoring[cmd.sample.request_id] = cmd.sample.prompt.index
-                self.reward_state, out = self.rewards.submit(self.reward_state, cmd.sample.request_id, self.now)
-                self._rewards_out(out)
+                self._rewards_out(self.sched.start_scoring(cmd.sample.request_id, self.now))
             elif isinstance(cmd, TrainMicroBatch):
                 self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)
                 if self.constants.train.stream or self.meter.rollout_end is not None:
@@ -262,16 +258,19 @@ class Simulation:
             self.inbox.append(RequestAborted(rid, req.generated, self.now))
 
     def _rewards_out(self, out) -> None:
+        """Run the scorers the core starts (each answers by its deadline or times out there); the
+        rewards the core decided are metered; the batcher's commands are executed."""
         for item in out:
             if isinstance(item, StartScoring):
                 seconds, correct = self.reward_model.draw(self._prompt_of(item.request_id))
                 if seconds <= item.timeout:
-                    self._push(self.now + seconds, SCORED, (item.request_id, float(correct), correct))
+                    self._push(self.now + seconds, SCORED, (item.request_id, float(correct)))
                 else:
                     self._push(item.deadline, DEADLINE, None)
-            else:  # RewardScored for the core
+            elif isinstance(item, RewardScored):
                 self.meter.reward(item)
-                self.inbox.append(item)
+            else:
+                self.execute([item])
 
     def _prompt_of(self, rid: str) -> int:
         return self.scoring.pop(rid)

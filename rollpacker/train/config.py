@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import attrs
+
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.policies import POLICIES, knob_specs, make_policy
+from rollpacker.core.reward_scheduler import RewardConfig
 
 
 def knob_section(policy: str) -> type:
@@ -110,7 +113,10 @@ class RunConfig:
     reward_workers: int = 2
     """Scoring worker processes."""
     reward_deadline_s: float = 10.0
-    """Per-sample scoring deadline; a scorer past it is killed and the sample gets reward 0."""
+    """Upper bound of the per-sample scoring deadline, which is RollPacker's adaptive timeout
+    min(max(2 s, 1.5 x the slowest correct scoring so far), this); until a correct (positive-reward)
+    answer is seen, this.  A scorer past its deadline is killed and the sample gets reward 0.  At 2 s
+    or less the deadline is fixed at this."""
     # -- training --------------------------------------------------------------------------------
     lr: float = 1e-5
     """AdamW learning rate (0: the weights stay fixed, a rollout-only measurement such as
@@ -142,6 +148,12 @@ class RunConfig:
     def policy_knobs(self, name: str | None = None) -> dict:
         """The knobs of policy `name` (default --policy) as keyword arguments of its core class."""
         return dataclasses.asdict(getattr(self, name or self.policy))
+
+    def reward_config(self) -> RewardConfig:
+        """The core's reward scheduler: --reward-workers at once, deadlines bounded by --reward-deadline-s."""
+        bound = self.reward_deadline_s
+        floor = attrs.fields(RewardConfig).t_min.default
+        return RewardConfig(workers=self.reward_workers, t_min=min(floor, bound), t_max=bound)
 
     def build_policy(self, name: str | None = None):
         return make_policy(name or self.policy, prompts=self.prompts, samples=self.samples,

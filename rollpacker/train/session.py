@@ -103,6 +103,7 @@ class Session:
                                   loss_aggregation=config.loss_aggregation,
                                   dynamic_sampling=config.dynamic_sampling),
             checkpoint=scheduler_state,
+            rewards=config.reward_config(),
         )
         self.trainer = build_trainer(config, self.model_dir)
         if init_distributed_env()[1] > 1:
@@ -146,6 +147,7 @@ class Session:
     def run_step(self) -> dict:
         record = self.loop.run_step()
         record["device"] = self.device
+        record["reward_timeout_s"] = self.scheduler.reward_timeout  # adaptive, <= --reward-deadline-s
         if self.device == "cuda":  # the measured peak, beside the memory plan's estimate
             import torch
 
