@@ -211,9 +211,9 @@ def notes(results: list[PolicyBias]) -> list[str]:
         if dropped:
             lines.append(f"- {r.policy}, the {len(dropped)} dropped samples: mean length "
                          f"{sum(len(s.response_ids) for s in dropped) / len(dropped):.1f}, mean reward "
-                         f"{sum(s.reward for s in dropped) / len(dropped):.3f}; reward > 0 in "
-                         f"{sum(s.reward > 0 for s in dropped)} dropped vs "
-                         f"{sum(s.reward > 0 for s in r.samples if s.is_kept)} kept samples.")
+                         f"{sum(s.reward for s in dropped) / len(dropped):.3f}; correct (reward 1) "
+                         f"{sum(s.reward >= 1.0 for s in dropped)} dropped vs "
+                         f"{sum(s.reward >= 1.0 for s in r.samples if s.is_kept)} kept samples.")
         if any(s.is_pending for s in r.samples):
             n, length, reward = r.means(kept_only=False, with_pending=False)
             lines.append(f"- {r.policy}, launched without the {len(r.samples) - n} pending samples: "
