@@ -43,7 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rollpacker.backends.embedded import EmbeddedEngine  # noqa: E402
+from rollpacker.backends.embedded.engine import EmbeddedEngine  # noqa: E402
 from rollpacker.backends.models import load_model  # noqa: E402
 from rollpacker.core.protocols import GenerationRequest, GenerationResult  # noqa: E402
 
@@ -163,7 +163,7 @@ def _cuda_ms(fn, repeats: int) -> float:
 
 def decode_profile(model, rows: int, context: int, repeats: int = 50) -> dict:
     """One decode step at `rows` x `context` tokens: graph replay vs eager vs floors."""
-    from rollpacker.backends.embedded_runner import Runner
+    from rollpacker.backends.embedded.runner import Runner
 
     runner = Runner(model, pad_token_id=0, capacity=rows)
     gen = torch.Generator().manual_seed(0)

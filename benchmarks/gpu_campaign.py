@@ -62,7 +62,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def pick_trainer(wanted: str) -> tuple[str, str]:
     """(trainer, why) for --trainer; auto falls back to the torch trainer when TorchTitan cannot import."""
-    from rollpacker.backends.titan import titan_import_error
+    from rollpacker.backends.titan.trainer import titan_import_error
 
     problem = titan_import_error()
     if wanted == "titan" and problem is not None:

@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from results_md import write_section  # noqa: E402
-from rollpacker.backends.embedded import EmbeddedEngine  # noqa: E402
+from rollpacker.backends.embedded.engine import EmbeddedEngine  # noqa: E402
 from rollpacker.backends.models import load_model  # noqa: E402
-from rollpacker.backends.tasks import make_problems, render_prompt  # noqa: E402
+from rollpacker.backends.data.tasks import make_problems, render_prompt  # noqa: E402
 from rollpacker.core.protocols import GenerationRequest, GenerationResult  # noqa: E402
 
 

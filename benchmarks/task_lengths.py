@@ -24,10 +24,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollpacker.backends.embedded import EmbeddedEngine  # noqa: E402
+from rollpacker.backends.embedded.engine import EmbeddedEngine  # noqa: E402
 from rollpacker.backends.models import load_model  # noqa: E402
-from rollpacker.backends.rewards import ProcessRewardExecutor  # noqa: E402
-from rollpacker.backends.tasks import DEFAULT_MIX, make_problems, render_prompt  # noqa: E402
+from rollpacker.backends.rewards.pool import ProcessRewardExecutor  # noqa: E402
+from rollpacker.backends.data.tasks import DEFAULT_MIX, make_problems, render_prompt  # noqa: E402
 from rollpacker.core.protocols import GenerationRequest, GenerationResult, RewardJob  # noqa: E402
 
 

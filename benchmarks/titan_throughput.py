@@ -74,8 +74,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from rollpacker.backends.titan import TitanTrainer
-    from rollpacker.backends.titan_config import TitanConfig
+    from rollpacker.backends.titan.trainer import TitanTrainer
+    from rollpacker.backends.titan.config import TitanConfig
     from rollpacker.core.protocols import MicroBatch, TrainSample
 
     nproc = int(os.environ.get("WORLD_SIZE", "1"))

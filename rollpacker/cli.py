@@ -16,7 +16,7 @@ from rollpacker.core.errors import RollpackerError
 
 COMMANDS = [
     ("simulate", "rollpacker.sim.cli"),
-    ("serve", "rollpacker.backends.serve"),
+    ("serve", "rollpacker.backends.sglang.server"),
 ]
 
 

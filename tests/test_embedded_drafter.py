@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollpacker.backends.embedded_drafter import Drafter
+from rollpacker.backends.embedded.drafter import Drafter
 
 PROMPT = [1, 2, 3, 4]
 

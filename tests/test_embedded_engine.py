@@ -11,7 +11,7 @@ import pytest
 import torch
 from devices import DEVICES
 
-from rollpacker.backends.embedded import EmbeddedEngine, UnknownRequest
+from rollpacker.backends.embedded.engine import EmbeddedEngine, UnknownRequest
 from rollpacker.backends.models import ModelError, load_model, resolve_model, tiny_random_llama
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
@@ -261,7 +261,7 @@ def test_default_model_converts_once_from_the_gguf(tmp_path, monkeypatch):
 def test_slot_cache_allocated_once_and_rows_move_without_changing_outputs(tiny):
     """With the row length known up front the cache never grows; a row moved into a freed slot
     (the engine's compaction) decodes exactly as if it had stayed."""
-    from rollpacker.backends.embedded_runner import Runner
+    from rollpacker.backends.embedded.runner import Runner
 
     model, _ = tiny
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
@@ -298,7 +298,7 @@ def test_speculation_default_is_off_on_cpu_and_explicit_values_hold(tiny):
 
 @pytest.mark.gpu
 def test_speculation_default_is_on_in_the_tail_on_cuda(tiny):
-    from rollpacker.backends.embedded_speculation import SPEC_MAX_ROWS_CUDA
+    from rollpacker.backends.embedded.speculation import SPEC_MAX_ROWS_CUDA
 
     model, _ = load_model(tiny_random_llama(), device="cuda")
     with EmbeddedEngine(model, capacity=4) as engine:

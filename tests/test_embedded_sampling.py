@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_embedded_speculation import chi_square_pvalue
 
-from rollpacker.backends.embedded_sampling import sample, target_probs, uniforms, verify
+from rollpacker.backends.embedded.sampling import sample, target_probs, uniforms, verify
 
 N = 20000
 
@@ -105,7 +105,7 @@ def test_verify_without_drafts_is_sample_and_greedy_accepts_the_matching_prefix(
 
 
 def test_a_uniform_that_rounds_to_one_stays_in_the_nucleus(monkeypatch):
-    import rollpacker.backends.embedded_sampling as sampling
+    import rollpacker.backends.embedded.sampling as sampling
 
     def almost_one(seeds, counters, stream=0):
         return torch.full(counters.shape, 1 - 2**-33, dtype=torch.float64)  # 1.0 in float32

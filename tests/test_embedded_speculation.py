@@ -14,7 +14,7 @@ import torch
 
 from devices import DEVICES
 
-from rollpacker.backends.embedded import EmbeddedEngine
+from rollpacker.backends.embedded.engine import EmbeddedEngine
 from rollpacker.core.protocols import GenerationRequest, GenerationResult
 
 VOCAB, PROMPT, NEW = 6, (1, 2, 3, 1, 2), 4

@@ -164,7 +164,7 @@ def test_hf_checkpoint_files_are_readable_by_others(finished_run):
 
 def _server(tmp_path_factory, extra_args):
     from rollpacker.backends.models import tiny_random_llama
-    from rollpacker.backends.sglang_launch import launch_servers
+    from rollpacker.backends.sglang.launch import launch_servers
 
     # a long context, so a 30000-token request runs far longer than the test waits for its abort
     model = tiny_random_llama(tmp_path_factory.mktemp("tiny32k"), max_position_embeddings=32768)

@@ -37,7 +37,7 @@ def test_engine_logits_match_the_trainer_after_a_weight_sync_on_the_device(tiny_
     """The run's own wiring: build_trainer reads RunConfig.device, the engine gets the same device."""
     import torch
 
-    from rollpacker.backends.embedded import EmbeddedEngine
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
     from rollpacker.core.protocols import MicroBatch, TrainSample
     from rollpacker.train.config import RunConfig
     from rollpacker.train.session import build_trainer

@@ -1,4 +1,4 @@
-"""The trainer-agnostic GRPO pieces both trainers use (rollpacker.backends.grpo_loss): bad input
+"""The trainer-agnostic GRPO pieces both trainers use (rollpacker.backends.trainer.loss): bad input
 refused with errors that name what is wrong, the token loss against hand-computed values, the
 data-parallel split, packing, and the chunked log-probs against the unchunked ones (values and
 gradients).  No TorchTitan needed."""
@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rollpacker.backends.grpo_loss import (  # noqa: E402
+from rollpacker.backends.trainer.loss import (  # noqa: E402
     InvalidMicroBatch,
     check_micro_batch,
     chunked_token_logprobs_and_entropy,

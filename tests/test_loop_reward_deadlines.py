@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rollpacker.backends.rewards import ProcessRewardExecutor
+from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 from rollpacker.core import BatcherConfig, RewardConfig, Scheduler, make_policy
 from rollpacker.loop import StepLoop
 from rollpacker.train.config import RunConfig

@@ -122,11 +122,11 @@ def test_bad_input_fails_fast_with_a_clear_message(tmp_path, args, message):
 def trainer_and_logits(kind: str, model_dir):
     """A trainer of `kind` and a function giving its policy's logits."""
     if kind == "torch":
-        from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig
+        from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
 
         trainer = TorchTrainer(TorchTrainerConfig(model_dir=str(model_dir), lr=1e-2, max_grad_norm=None))
         return trainer, lambda ids: trainer.model.hf(ids).logits
-    from rollpacker.backends.titan import TitanConfig, TitanTrainer
+    from rollpacker.backends.titan.trainer import TitanConfig, TitanTrainer
 
     trainer = TitanTrainer(TitanConfig(model_dir=str(model_dir), lr=1e-2, max_grad_norm=None))
     return trainer, trainer.model
@@ -137,7 +137,7 @@ def trainer_and_logits(kind: str, model_dir):
 def test_engine_logits_match_the_trainer_after_a_weight_sync(tiny_model, trainer_kind):
     import torch
 
-    from rollpacker.backends.embedded import EmbeddedEngine
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
     from rollpacker.core.protocols import MicroBatch, TrainSample
 
     trainer, trainer_logits = trainer_and_logits(trainer_kind, tiny_model)
@@ -179,7 +179,7 @@ def test_nproc_2_trains_with_an_fsdp2_trainer_under_torchrun(tiny_model, tmp_pat
 @pytest.mark.timeout(300)
 def test_rollout_sglang_trains_against_a_served_engine(tiny_model, tmp_path):
     """--rollout sglang: the same run with rollout on a `rollpacker serve` server (SGLang's API)."""
-    from rollpacker.backends.sglang_launch import launch_servers
+    from rollpacker.backends.sglang.launch import launch_servers
 
     out = tmp_path / "run"
     with launch_servers(str(tiny_model), num_servers=1, kind="rollpacker", timeout_s=90) as group:

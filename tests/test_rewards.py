@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from rollpacker.backends.rewards import ProcessRewardExecutor
-from rollpacker.backends.tasks import UnknownTask, make_problems
+from rollpacker.backends.rewards.pool import ProcessRewardExecutor
+from rollpacker.backends.data.tasks import UnknownTask, make_problems
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import RewardExecutor, RewardJob
 

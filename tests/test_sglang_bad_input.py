@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 from sglang_helpers import SERVE_ARGS, collect, request, tiny_model
 
-from rollpacker.backends.sglang import SGLangEngine
-from rollpacker.backends.sglang_codec import BackendProtocolError, ServerRejected, ServerUnavailable
-from rollpacker.backends.sglang_http import HttpConfig
-from rollpacker.backends.sglang_launch import free_port, launch_servers
+from rollpacker.backends.sglang.client import SGLangEngine
+from rollpacker.backends.sglang.codec import BackendProtocolError, ServerRejected, ServerUnavailable
+from rollpacker.backends.sglang.http import HttpConfig
+from rollpacker.backends.sglang.launch import free_port, launch_servers
 
 FAST = HttpConfig(connect_timeout_s=1.0, control_timeout_s=2.0, retries=2, backoff_s=0.05)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sglang_helpers import SERVE_ARGS, collect, drive_one_step, request, tiny_model, wait_progress
 
-from rollpacker.backends.sglang import SGLangEngine
-from rollpacker.backends.sglang_launch import launch_servers
+from rollpacker.backends.sglang.client import SGLangEngine
+from rollpacker.backends.sglang.launch import launch_servers
 from rollpacker.core import Scheduler, make_policy
 from rollpacker.core.protocols import GenerationProgress, RolloutEngine
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rollpacker.backends.models import DEFAULT_MODEL_NAME, default_model_dir, load_model
-from rollpacker.backends.tasks import (
+from rollpacker.backends.data.tasks import (
     DEFAULT_MIX, TASKS, UnknownTask, extract_answer, make_problems, render_prompt, score,
 )
 from rollpacker.core.errors import ConfigError

@@ -15,8 +15,8 @@ pytest.importorskip("torchtitan")
 from test_grpo_loss import ok_sample  # noqa: E402
 from titan_tiny import make_tiny_checkpoint  # noqa: E402
 
-from rollpacker.backends.grpo_loss import InvalidMicroBatch  # noqa: E402
-from rollpacker.backends.titan_config import TitanConfig  # noqa: E402
+from rollpacker.backends.trainer.loss import InvalidMicroBatch  # noqa: E402
+from rollpacker.backends.titan.config import TitanConfig  # noqa: E402
 from rollpacker.core.errors import ConfigError  # noqa: E402
 from rollpacker.core.protocols import MicroBatch  # noqa: E402
 
@@ -39,10 +39,10 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def _expected_and_read(model_dir: Path):
-    from rollpacker.backends import titan_cpu
+    from rollpacker.backends.titan import cpu as titan_cpu
 
     titan_cpu.stub_missing_triton_kernels()
-    from rollpacker.backends.titan_model import expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights
+    from rollpacker.backends.titan.model import expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights
 
     cfg = read_hf_config(model_dir)
     spec = model_spec_from_hf(cfg, inner_attention=titan_cpu.cpu_inner_attention(), fuse_qkv=False, max_seq_len=None)
@@ -53,7 +53,7 @@ def _expected_and_read(model_dir: Path):
 
 
 def test_missing_directory_and_config(tmp_path: Path) -> None:
-    from rollpacker.backends.titan_model import read_hf_config
+    from rollpacker.backends.titan.model import read_hf_config
 
     with pytest.raises(ConfigError, match="does not exist"):
         read_hf_config(tmp_path / "nope")
@@ -62,7 +62,7 @@ def test_missing_directory_and_config(tmp_path: Path) -> None:
 
 
 def test_unsupported_architecture_names_the_file(tiny_dir: Path, tmp_path: Path) -> None:
-    from rollpacker.backends.titan_model import read_hf_config
+    from rollpacker.backends.titan.model import read_hf_config
 
     bad = tmp_path / "gpt2"
     shutil.copytree(tiny_dir, bad)
@@ -96,7 +96,7 @@ def test_missing_tensor_is_named(tiny_dir: Path, tmp_path: Path) -> None:
 
 
 def test_trainer_refuses_missing_checkpoint_before_any_setup(tmp_path: Path) -> None:
-    from rollpacker.backends.titan import TitanTrainer
+    from rollpacker.backends.titan.trainer import TitanTrainer
 
     with pytest.raises(ConfigError, match="does not exist"):
         TitanTrainer(TitanConfig(model_dir=tmp_path / "absent"))
@@ -109,7 +109,7 @@ def test_trainer_refuses_missing_checkpoint_before_any_setup(tmp_path: Path) -> 
 def kl_trainer(tiny_dir: Path):
     import torch.distributed as dist
 
-    from rollpacker.backends.titan import TitanTrainer
+    from rollpacker.backends.titan.trainer import TitanTrainer
 
     trainer = TitanTrainer(TitanConfig(model_dir=tiny_dir, lr=1e-3, kl_coef=0.5, device="cpu"))
     yield trainer
@@ -160,17 +160,17 @@ def test_rollout_logprobs_used_or_ignored(kl_trainer) -> None:
 
 
 def test_parallel_degrees_must_fit_the_world(kl_trainer, tiny_dir: Path) -> None:
-    from rollpacker.backends.titan import TitanTrainer
+    from rollpacker.backends.titan.trainer import TitanTrainer
 
     with pytest.raises(ConfigError, match=r"dp_shard=-1 tp=2 vs world size 1"):
         TitanTrainer(TitanConfig(model_dir=tiny_dir, tp=2, device="cpu"))
 
 
 def test_tp_must_divide_heads(tiny_dir: Path) -> None:
-    from rollpacker.backends import titan_cpu
+    from rollpacker.backends.titan import cpu as titan_cpu
 
     titan_cpu.stub_missing_triton_kernels()
-    from rollpacker.backends.titan_model import apply_parallel_plan, model_spec_from_hf, read_hf_config
+    from rollpacker.backends.titan.model import apply_parallel_plan, model_spec_from_hf, read_hf_config
 
     cfg = read_hf_config(tiny_dir)
     cfg.update(num_attention_heads=6, num_key_value_heads=3, head_dim=16, hidden_size=96)  # SmolLM2-like 3 kv heads

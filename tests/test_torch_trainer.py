@@ -23,9 +23,9 @@ from test_grpo_loss import ok_sample  # noqa: E402
 from titan_dist_check import hf_reference, make_samples, max_abs_diff  # noqa: E402
 from titan_tiny import make_tiny_checkpoint  # noqa: E402
 
-from rollpacker.backends.grpo_loss import InvalidMicroBatch  # noqa: E402
-from rollpacker.backends.titan_config import TitanConfig  # noqa: E402
-from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig  # noqa: E402
+from rollpacker.backends.trainer.loss import InvalidMicroBatch  # noqa: E402
+from rollpacker.backends.titan.config import TitanConfig  # noqa: E402
+from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig  # noqa: E402
 from rollpacker.core.errors import ConfigError  # noqa: E402
 from rollpacker.core.protocols import MicroBatch  # noqa: E402
 
@@ -105,7 +105,7 @@ def test_gradients_and_steps_equal_the_titan_trainers(tiny_dir, samples) -> None
     pytest.importorskip("torchtitan")
     import torch.distributed as dist
 
-    from rollpacker.backends.titan import TitanTrainer, titan_import_error
+    from rollpacker.backends.titan.trainer import TitanTrainer, titan_import_error
 
     if titan_import_error() is not None:
         pytest.skip(titan_import_error())
@@ -235,7 +235,7 @@ def test_titan_check_passes_here_and_torch_trainer_skips_it() -> None:
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
     if importlib.util.find_spec("torchtitan") is not None:  # with torch >= 2.13 TorchTitan imports
-        from rollpacker.backends.titan import titan_import_error
+        from rollpacker.backends.titan.trainer import titan_import_error
 
         assert titan_import_error() is None
     from rollpacker.train.config import RunConfig

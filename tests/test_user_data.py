@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rollpacker.backends import reward_fns
-from rollpacker.backends.rewards import ProcessRewardExecutor
+from rollpacker.backends.rewards import functions as reward_fns
+from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob
 from rollpacker.train.config import parse

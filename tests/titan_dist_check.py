@@ -22,10 +22,10 @@ import sys
 
 import torch
 
-from rollpacker.backends.titan import TitanTrainer
-from rollpacker.backends.titan_config import TitanConfig
-from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig
-from rollpacker.backends.grpo_loss import grpo_token_loss, pack, token_logprobs_and_entropy
+from rollpacker.backends.titan.trainer import TitanTrainer
+from rollpacker.backends.titan.config import TitanConfig
+from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
+from rollpacker.backends.trainer.loss import grpo_token_loss, pack, token_logprobs_and_entropy
 from rollpacker.core.protocols import MicroBatch, TrainSample
 
 LR = 3e-4

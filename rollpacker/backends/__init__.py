@@ -1,1 +1,4 @@
-"""I/O backends: rollout engines, reward executors, models and tasks."""
+"""I/O backends, one package per family: `embedded` (the in-process rollout engine), `sglang` (client
+and SGLang-compatible server), `titan` (TorchTitan trainer), `trainer` (what both trainers share, and
+the plain PyTorch one), `rewards` (scoring worker pool and reward functions), `data` (tasks and
+dataset files); `models` loads the default model."""

@@ -1,6 +1,6 @@
 """Decode/prefill cost model of one rollout instance (an engine on `tp` GPUs): formulas only.
 
-The model of ../shared/LATENCY.md section 1, shared by the TP planner (core) and the simulator:
+A roofline model of one decode / prefill step, shared by the TP planner (core) and the simulator:
 
     step(b, C, n_pf) = t0 + t1 * (b + n_pf) + t2 * C + t_attn_pf
     t0 = W_read / (TP * BW_w) + L * tau_L + 2L * tau_AR * [TP > 1] + tau_0
@@ -11,7 +11,7 @@ The model of ../shared/LATENCY.md section 1, shared by the TP planner (core) and
 
 b decoding sequences, C the sum of their context lengths, n_pf prefill tokens, c0 tokens already
 cached.  The t1 refinement (GEMM efficiency eff(TP) < 1 and all-reduce traffic of 2L all-reduces
-of h values per token) is LATENCY.md's "prefill corrections" applied to every token: without it,
+of h values per token) applies the prefill corrections to every token: without it,
 TP would look free and the largest TP would always win.  The numbers (and where each comes from) live in rollpacker/sim/constants.py; this file
 holds no constant of its own, so no number is stated twice.
 """

@@ -1,8 +1,8 @@
 """Every number the simulator uses, with its source.  Override any of them with `attrs.evolve` or
 from the command line (`rollpacker simulate --set train.mfu=0.4`).
 
-Sources are ../shared/LATENCY.md (which cites Vidur profiles, SGLang issues/PRs, FlashAttention-3
-and the model cards) unless a line says "assumption": those are round figures of ours, not
+Sources are the ones each line cites (Vidur profiles, SGLang issues/PRs, FlashAttention-3 and the
+model cards) unless a line says "assumption": those are round figures of ours, not
 measurements, and the results that depend on them say so.
 """
 
@@ -19,7 +19,7 @@ GB = 1e9
 # -- GPU ------------------------------------------------------------------------------------------
 H100 = Hardware(
     name="H100/H800-80GB",
-    memory_bytes=85.0 * GB,  # torch-reported size of an 80 GB card (LATENCY.md section 2)
+    memory_bytes=85.0 * GB,  # torch-reported size of an 80 GB card
     bw_weights=2.9e12,       # BW_w: Vidur H100 GEMM profiles, slope over TP (2.85-2.97 TB/s)
     bw_kv=1.8e12,            # BW_kv: FA3 paged decode on H100, flash-attention #1572
     flops=600e12,            # F: fitted to SGLang bs=128 (sglang #1008), 61% of 989 TF/s
@@ -36,7 +36,7 @@ H100 = Hardware(
     allreduce_bw=((2, 460e9), (4, 360e9), (8, 300e9)),
 )
 
-# -- models (LATENCY.md section 2; shapes from the Hugging Face config.json files) -----------------
+# -- models (shapes from the Hugging Face config.json files) -----------------
 MODELS = {
     "qwen2.5-7b": ModelShape(name="Qwen2.5-7B", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
                              weight_bytes=15.2 * GB, read_bytes=14.1 * GB),

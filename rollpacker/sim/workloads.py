@@ -10,8 +10,7 @@ lengths are drawn through a Gaussian copula that keeps the marginal exactly:
     length = Q(Phi(z)) * (1 + growth) ** step,  truncated at max_tokens
 
 Q is the trace's quantile function.  rho (`between`, default 0.9) is the share of the variance of
-(normal-scored) log length that lies between prompts, as in public multi-sample data
-(../shared/traces/README.md).  A prompt's effect is fixed for the run; every launch draws new noise.
+(normal-scored) log length that lies between prompts, as in public multi-sample data.  A prompt's effect is fixed for the run; every launch draws new noise.
 
 Synthetic (`synthetic-bimodal`, no data file): a length structure unlike servegen's smooth
 long tail.  A prompt is hard with probability `HARD_SHARE`; a hard prompt's samples are log-normal

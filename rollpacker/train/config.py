@@ -189,19 +189,19 @@ class RunConfig:
 
     def load_rows(self):
         """The dataset as PromptRows: the --dataset file, or --tasks problems generated from the seed."""
-        from rollpacker.backends.prompt_rows import rows_from_problems
-        from rollpacker.backends.tasks import make_problems
+        from rollpacker.backends.data.rows import rows_from_problems
+        from rollpacker.backends.data.tasks import make_problems
 
         if self.dataset is None:
             return rows_from_problems(make_problems(list(self.tasks) or None, size=self.dataset_size, seed=self.seed))
-        from rollpacker.backends.dataset_file import Layout, read_rows
+        from rollpacker.backends.data.files import Layout, read_rows
 
         return read_rows(self.dataset, Layout(self.prompt_key, self.answer_key))
 
     def _check_data(self) -> None:
         """--dataset rows, its keys and --reward, before any model loads (the prompts' token lengths
         need the tokenizer: Session checks them before the weights load)."""
-        from rollpacker.backends.reward_fns import check_reward, check_rows
+        from rollpacker.backends.rewards.functions import check_reward, check_rows
 
         if self.dataset is None and (self.prompt_key or self.answer_key or self.skip_long_rows):
             raise ConfigError("--prompt-key, --answer-key and --skip-long-rows apply to --dataset PATH only")
@@ -254,7 +254,7 @@ class RunConfig:
                 raise ConfigError(f"--trainer torch shards over all --nproc ranks with FSDP2 only; got --tp {self.tp} "
                                   f"--dp-shard {self.dp_shard} (use --trainer titan for tensor parallelism)")
             return
-        from rollpacker.backends.titan import titan_import_error
+        from rollpacker.backends.titan.trainer import titan_import_error
 
         problem = titan_import_error()  # e.g. torch 2.11: fail now, not after the model loads
         if problem is not None:

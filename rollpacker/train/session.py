@@ -50,7 +50,7 @@ def load_prompts(config: RunConfig, model_dir: Path) -> RowPrompts:
     from transformers import AutoTokenizer
 
     from rollpacker.backends.models import read_config_json
-    from rollpacker.backends.prompt_rows import render_rows
+    from rollpacker.backends.data.rows import render_rows
 
     rows = config.load_rows()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -81,10 +81,10 @@ class Session:
     def __init__(self, config: RunConfig, run_dir: RunDir, policy: str | None = None,
                  scheduler_state: dict | None = None,
                  on_progress: Callable[[str, dict], None] | None = None) -> None:
-        from rollpacker.backends import reward_fns
+        from rollpacker.backends.rewards import functions as reward_fns
         from rollpacker.backends.models import load_model, resolve_model
-        from rollpacker.backends.rewards import ProcessRewardExecutor
-        from rollpacker.backends.titan_model import read_hf_config
+        from rollpacker.backends.rewards.pool import ProcessRewardExecutor
+        from rollpacker.backends.titan.model import read_hf_config
 
         self.config = config
         self.run_dir = run_dir
@@ -119,10 +119,10 @@ class Session:
 
     def _build_engine(self, model):
         if self.config.rollout == "sglang":
-            from rollpacker.backends.sglang import SGLangEngine
+            from rollpacker.backends.sglang.client import SGLangEngine
 
             return SGLangEngine(list(self.config.sglang_urls), model_config_dir=self.model_dir)
-        from rollpacker.backends.embedded import EmbeddedEngine
+        from rollpacker.backends.embedded.engine import EmbeddedEngine
 
         return EmbeddedEngine(model, capacity=self.config.engine_capacity, seed=self.config.seed, device=self.device,
                               spec_max_rows=self.config.spec_max_rows, spec_tokens=self.config.spec_tokens,
@@ -184,10 +184,10 @@ def build_trainer(config: RunConfig, model_dir):
     common = dict(model_dir=str(model_dir), lr=config.lr, dtype=config.dtype, seed=config.seed,
                   device=getattr(config, "device", None))
     if config.trainer == "torch":
-        from rollpacker.backends.torch_trainer import TorchTrainer, TorchTrainerConfig
+        from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
 
         return TorchTrainer(TorchTrainerConfig(**common))
-    from rollpacker.backends.titan import TitanConfig, TitanTrainer
+    from rollpacker.backends.titan.trainer import TitanConfig, TitanTrainer
 
     return TitanTrainer(TitanConfig(**common, dp_shard=config.dp_shard, tp=config.tp))
 

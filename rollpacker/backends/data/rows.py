@@ -33,7 +33,7 @@ class PromptRow:
 def rows_from_problems(problems) -> list[PromptRow]:
     """reasoning-gym `Problem`s as rows: the question plus the task's instruction as one user
     message; `extra_info["entry"]` keeps reasoning-gym's own record for its scorer."""
-    from rollpacker.backends.tasks import task_spec
+    from rollpacker.backends.data.tasks import task_spec
 
     return [PromptRow(messages=({"role": "user", "content": f"{p.question}\n{task_spec(p.task).instruction}"},),
                       data_source=p.task, ground_truth=p.answer, extra_info={"index": p.index, "entry": p.entry},

@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rollpacker.backends.grpo_loss import check_micro_batch, grpo_token_loss, pack, split_for_ranks
+from rollpacker.backends.trainer.loss import check_micro_batch, grpo_token_loss, pack, split_for_ranks
 from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import MicroBatch, TrainStats
 

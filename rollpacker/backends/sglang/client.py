@@ -31,7 +31,7 @@ Failures
 Weight updates: pause (mode "retract" by default) -> /update_weights_from_disk on every server ->
 continue.  A mapping of tensors is first written as a safetensors directory (under `weights_dir`,
 which must be visible to every server: a shared filesystem across nodes).  The NCCL fast path is in
-`sglang_weights.DistributedWeightSync`.
+`weights.DistributedWeightSync`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import Any
 import aiohttp
 from attrs import define, field
 
-from rollpacker.backends.sglang_codec import (
+from rollpacker.backends.sglang.codec import (
     BackendProtocolError,
     SGLangError,
     ServerRejected,
@@ -60,7 +60,7 @@ from rollpacker.backends.sglang_codec import (
     generate_body,
     parse_sse_line,
 )
-from rollpacker.backends.sglang_http import HttpConfig, ServerClient
+from rollpacker.backends.sglang.http import HttpConfig, ServerClient
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 
@@ -269,7 +269,7 @@ class SGLangEngine:
         if isinstance(weights, (str, os.PathLike)):
             path = str(weights)
         else:
-            from rollpacker.backends.sglang_weights import write_safetensors_dir
+            from rollpacker.backends.sglang.weights import write_safetensors_dir
 
             written = path = str(write_safetensors_dir(weights, self.weights_dir, self.model_config_dir))
         was_paused = self._is_paused

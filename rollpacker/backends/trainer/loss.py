@@ -1,5 +1,5 @@
 """Micro-batch checks, packing, and the GRPO token loss: the one loss module of both trainers
-(TorchTitan's in `titan`, plain PyTorch's in `torch_trainer`).
+(TorchTitan's in `titan.trainer`, plain PyTorch's in `trainer.pytorch`).
 
 Loss (per response token t of sample i, advantage A_i, token weight w_i):
 

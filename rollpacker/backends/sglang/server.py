@@ -2,7 +2,7 @@
 
     rollpacker serve --model PATH --port 30000 --host 127.0.0.1
 
-Endpoints (shapes as SGLang's, see `sglang_codec`): GET /health, /health_generate, /get_model_info,
+Endpoints (shapes as SGLang's, see `codec`): GET /health, /health_generate, /get_model_info,
 /get_server_info; POST /generate (stream or not), /abort_request {rid, abort_all},
 /pause_generation {mode}, /continue_generation, /update_weights_from_disk {model_path,
 weight_version}, /flush_cache.  Input is token ids only (`input_ids`): this server does no
@@ -33,7 +33,7 @@ try:  # optional (the `sglang` extra): `rollpacker --help` must work without it
 except ImportError:  # pragma: no cover
     web = None
 
-from rollpacker.backends.sglang_codec import progress_chunk, result_chunk, sse
+from rollpacker.backends.sglang.codec import progress_chunk, result_chunk, sse
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
 
 log = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
         from rollpacker.core.errors import ConfigError
 
         raise ConfigError("rollpacker serve needs aiohttp: pip install 'rollpacker[sglang]'")
-    from rollpacker.backends.embedded import EmbeddedEngine
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
     from rollpacker.backends.models import resolve_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

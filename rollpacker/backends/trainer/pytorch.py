@@ -7,7 +7,7 @@ run (TorchTitan 0.3.0 needs torch >= 2.13; the GPU machines have 2.11).
     trainer.optimizer_step(loss_normalizer)     # grads /= normaliser, clip, one AdamW step
     engine.update_weights(trainer.export_weights(), version)   # HF names, full tensors
 
-Same contract and step logic as `TitanTrainer` (both are `PolicyTrainer`s over `grpo_loss`).  One
+Same contract and step logic as `TitanTrainer` (both are `PolicyTrainer`s over `trainer.loss`).  One
 process trains on one device.  Under torchrun with WORLD_SIZE > 1 every decoder layer and then the
 whole model are sharded with FSDP2 (`torch.distributed.fsdp.fully_shard`, gloo on CPU, nccl on
 CUDA) with FSDP's gradient division turned off, so gradients are sums over ranks; each rank trains
@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from rollpacker.backends import titan_cpu
-from rollpacker.backends.grpo_loss import InvalidMicroBatch, chunked_token_logprobs_and_entropy
+from rollpacker.backends.titan import cpu as titan_cpu
+from rollpacker.backends.trainer.loss import InvalidMicroBatch, chunked_token_logprobs_and_entropy
 from rollpacker.backends.models import read_config_json
-from rollpacker.backends.policy_trainer import PolicyTrainer, default_device, full_cpu, init_process_group, select_device
-from rollpacker.backends.trainer_config import TrainerConfig
+from rollpacker.backends.trainer.policy import PolicyTrainer, default_device, full_cpu, init_process_group, select_device
+from rollpacker.backends.trainer.config import TrainerConfig
 from rollpacker.core.errors import ConfigError
 
 __all__ = ["InvalidMicroBatch", "PolicyLogprobs", "TorchTrainer", "TorchTrainerConfig"]

@@ -3,9 +3,9 @@
 `EmbeddedEngine` implements `rollpacker.core.protocols.RolloutEngine`.  A background thread owns the
 model and runs the loop: apply commands (new requests, aborts, weight updates), admit waiting
 requests into the running batch, decode one token for every running row (or, in the tail, verify
-a few speculative draft tokens per row: `embedded_speculation`), emit progress and results into a
+a few speculative draft tokens per row: `speculation`), emit progress and results into a
 queue that `poll` reads.  Rows join and leave the batch between decode steps (see
-`embedded_runner` for the slot cache and the CUDA graphs).
+`runner` for the slot cache and the CUDA graphs).
 
 Why our own engine and not transformers' continuous batching: on CPU that one packs every request
 into one sequence with a dense mask and ran slower than a padded static `generate`
@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from rollpacker.backends._drain import drain
-from rollpacker.backends.embedded_batch import Row, RunningBatch
-from rollpacker.backends.embedded_runner import Runner
-from rollpacker.backends.embedded_speculation import SPEC_MAX_ROWS_CUDA, SpeculationStats, Speculator
-from rollpacker.backends.embedded_weights import apply_state, check_state, load_state
+from rollpacker.backends.embedded.batch import Row, RunningBatch
+from rollpacker.backends.embedded.runner import Runner
+from rollpacker.backends.embedded.speculation import SPEC_MAX_ROWS_CUDA, SpeculationStats, Speculator
+from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
 from rollpacker.core.errors import ConfigError, RollpackerError, SchedulerMisuse
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
@@ -63,7 +63,7 @@ class EmbeddedEngine:
     rows are running, admit waiting requests once this share of the running rows' count can be
     admitted together (prefill is batched), or when every waiting request fits.
     max_prefill_tokens: prompt tokens admitted per prefill (at least one request).
-    attention: "matmul" or "sdpa" for decode (see `embedded_runner`); None: sdpa on CPU (measured
+    attention: "matmul" or "sdpa" for decode (see `runner`); None: sdpa on CPU (measured
     faster there), matmul on CUDA (graph-friendly, no per-head copy of the cache).  cuda_graphs: None = on
     CUDA.  spec_max_rows: speculative decoding when at most this many rows run (0: off; None:
     `SPEC_MAX_ROWS_CUDA` on CUDA, off on CPU, where a 5-token forward costs 1.3-2x a 1-token one and

@@ -1,7 +1,7 @@
 """Speculative decoding in the tail for the embedded engine: when few rows are running, each row
-gets up to `num_tokens` draft tokens from `embedded_drafter.Drafter` (n-gram matches over its own
+gets up to `num_tokens` draft tokens from `drafter.Drafter` (n-gram matches over its own
 context and its sibling samples' responses: same prompt, same GRPO group), and one forward of
-`num_tokens + 1` tokens per row verifies them (`embedded_sampling.verify`, the standard
+`num_tokens + 1` tokens per row verifies them (`sampling.verify`, the standard
 speculative-sampling rule, so the output distribution is exactly the model's).
 
 Why only in the tail: with many rows a decode step is bound by compute (CPU) or already uses the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from attrs import define
 
-from rollpacker.backends.embedded_drafter import Drafter
+from rollpacker.backends.embedded.drafter import Drafter
 from rollpacker.core.errors import ConfigError
 
 SPEC_MAX_ROWS_CUDA = 4

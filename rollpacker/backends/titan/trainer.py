@@ -13,7 +13,7 @@ tensor-parallel group take the same share.
 
 Gradients are summed, never averaged, across data-parallel ranks (FSDP's division is turned off),
 so the result is independent of the number of ranks and of how the batch was streamed.
-The CPU/gloo workarounds are all in `titan_cpu` and applied only when the device is CPU.
+The CPU/gloo workarounds are all in `titan.cpu` and applied only when the device is CPU.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rollpacker.backends import titan_cpu
-from rollpacker.backends.grpo_loss import InvalidMicroBatch, token_logprobs_and_entropy
-from rollpacker.backends.policy_trainer import PolicyTrainer, default_device, full_cpu, init_process_group, select_device
-from rollpacker.backends.titan_config import TitanConfig
-from rollpacker.backends.titan_model import apply_parallel_plan, expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights
+from rollpacker.backends.titan import cpu as titan_cpu
+from rollpacker.backends.trainer.loss import InvalidMicroBatch, token_logprobs_and_entropy
+from rollpacker.backends.trainer.policy import PolicyTrainer, default_device, full_cpu, init_process_group, select_device
+from rollpacker.backends.titan.config import TitanConfig
+from rollpacker.backends.titan.model import apply_parallel_plan, expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights
 from rollpacker.core.errors import ConfigError
 
 __all__ = ["InvalidMicroBatch", "TitanConfig", "TitanTrainer", "titan_import_error"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
-from rollpacker.backends.trainer_config import TrainerConfig
+from rollpacker.backends.trainer.config import TrainerConfig
 from rollpacker.core.errors import ConfigError
 
 

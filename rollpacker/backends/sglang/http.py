@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from attrs import frozen
 
-from rollpacker.backends.sglang_codec import BackendProtocolError, ServerRejected, ServerUnavailable
+from rollpacker.backends.sglang.codec import BackendProtocolError, ServerRejected, ServerUnavailable
 
 
 @frozen

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 import torch
 from attrs import define, field
 
-from rollpacker.backends.embedded_runner import Runner
-from rollpacker.backends.embedded_sampling import sample, verify
-from rollpacker.backends.embedded_speculation import Speculator
+from rollpacker.backends.embedded.runner import Runner
+from rollpacker.backends.embedded.sampling import sample, verify
+from rollpacker.backends.embedded.speculation import Speculator
 from rollpacker.core.protocols import GenerationRequest
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from attrs import define, field, frozen
 
 from rollpacker.backends._drain import drain
-from rollpacker.backends.reward_fns import split_result
+from rollpacker.backends.rewards.functions import split_result
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import RewardJob, RewardOutcome
 
@@ -124,7 +124,7 @@ class ProcessRewardExecutor:
     """Score `RewardJob`s in `num_workers` spawned processes.
 
     scorer: a picklable module-level function (task, entry, response) -> float; default
-    `rollpacker.backends.tasks.score` (then unknown task names fail at submit).  warmup: run in
+    `rollpacker.backends.data.tasks.score` (then unknown task names fail at submit).  warmup: run in
     each worker before it takes jobs (default: `tasks.warm_up` with the default scorer).
     """
 
@@ -138,7 +138,7 @@ class ProcessRewardExecutor:
     ):
         if num_workers < 1:
             raise ConfigError(f"num_workers must be >= 1, got {num_workers}")
-        from rollpacker.backends import tasks
+        from rollpacker.backends.data import tasks
 
         self._check_task = tasks.task_spec if scorer is None else None
         if scorer is None:

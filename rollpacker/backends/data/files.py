@@ -20,7 +20,7 @@ from typing import Any
 
 from attrs import frozen
 
-from rollpacker.backends.prompt_rows import PromptRow
+from rollpacker.backends.data.rows import PromptRow
 from rollpacker.core.errors import ConfigError
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}

@@ -90,7 +90,7 @@ def check_rows(reward: str, rows) -> None:
     """--reward reasoning-gym scores with the task `data_source` names: every row must name one."""
     if reward != "reasoning-gym":
         return
-    from rollpacker.backends.tasks import TASKS
+    from rollpacker.backends.data.tasks import TASKS
 
     for row in rows:
         if row.data_source not in TASKS:
@@ -109,7 +109,7 @@ def warmup(reward: str) -> Callable[[], None]:
 
 
 def warm_up(reward: str) -> None:
-    from rollpacker.backends import tasks
+    from rollpacker.backends.data import tasks
 
     if reward in BUILTIN:
         tasks.warm_up()
@@ -119,7 +119,7 @@ def warm_up(reward: str) -> None:
 
 def score(reward: str, data_source: str, entry: Mapping[str, Any], response: str) -> Any:
     """The reward of `response` (a float, or a user function's dict)."""
-    from rollpacker.backends import tasks
+    from rollpacker.backends.data import tasks
 
     ground_truth, extra_info = entry["ground_truth"], entry["extra_info"]
     if reward == "math":

@@ -1,7 +1,7 @@
 """Training tasks from reasoning-gym: seeded problems, chat-template prompts, answer extraction and
 scoring, with no network.
 
-SmolLM2-135M-Instruct ignores "<answer>" tags (DESIGN.md), so for numeric tasks the answer is the
+SmolLM2-135M-Instruct ignores "<answer>" tags (checked on its replies), so for numeric tasks the answer is the
 last number in the reply; the task's own `score_answer` grades it, and for free-form math tasks
 math-verify also grades the whole reply (the reward is the better of the two).  `score` is what the
 reward workers run; it is a plain function of picklable arguments.
@@ -118,7 +118,7 @@ def _plain(entry: Mapping[str, Any]) -> dict:
 
 def render_prompt(tokenizer, problem: Problem) -> list[int]:
     """Prompt token ids: the question plus the task's instruction, in the model's chat template."""
-    from rollpacker.backends.prompt_rows import chat_ids, rows_from_problems
+    from rollpacker.backends.data.rows import chat_ids, rows_from_problems
 
     return chat_ids(tokenizer, rows_from_problems([problem])[0].messages)
 

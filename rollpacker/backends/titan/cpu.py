@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 TorchTitan targets CUDA.  Run on CPU under torchrun with gloo (tests, laptops, CI), seven of its
-defaults fail (checked with torch 2.13.0, see shared/DESIGN.md).  Every adjustment is here, and
+defaults fail (checked with torch 2.13.0).  Every adjustment is here, and
 the trainer calls these hooks only when the training device is CPU; on CUDA TorchTitan's own
 defaults are used unchanged.
 
