@@ -87,3 +87,13 @@ def test_bad_event_fields_are_refused():
         RequestFinished("rp000000000001", -1, "stop")
     with pytest.raises(ValueError):
         RequestFinished("rp000000000001", 1, "abort")  # an abort is RequestAborted
+
+
+def test_a_pool_checkpoint_in_the_old_key_format_is_one_clear_error():
+    sched = Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=16), num_prompts=8, seed=0)
+    sched.begin_round()
+    data = sched.to_dict()
+    pool = data["planner"]["pool"] if "planner" in data else data["pool"]
+    pool["returned"] = [[0, 3]]  # a prompt key as older versions saved it: [epoch, index]
+    with pytest.raises(ConfigError, match="older rollpacker"):
+        Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=16), num_prompts=8, seed=0, checkpoint=data)

@@ -171,6 +171,9 @@ class PromptPool:
             )
         except KeyError as exc:
             raise ConfigError(f"prompt pool checkpoint is missing field {exc.args[0]!r}") from None
+        except TypeError:  # before 0.1's checkpoint change prompt keys were [epoch, index] pairs
+            raise ConfigError("prompt pool checkpoint: prompt keys are not {epoch, index} mappings (a state "
+                              "saved by an older rollpacker; resume it with the version that wrote it)") from None
         if len(pool.history.count) != pool.num_prompts:
             raise ConfigError(
                 f"prompt pool checkpoint: history has {len(pool.history.count)} prompts, num_prompts={pool.num_prompts}"
