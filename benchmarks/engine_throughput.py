@@ -12,10 +12,10 @@ tokens: ms per step (CUDA graph replay, and eager for comparison), the replay co
 graph (the launch floor of a replay), and the memory floor: bytes a step must read (weights + the
 rows' KV) over the copy bandwidth measured on the same GPU.
 
-Workload: response lengths drawn from ../shared/traces/servegen-deepseek-r1 (production DeepSeek-R1
-output lengths, Apache-2.0, from alibaba/ServeGen), pooled over every client and window with equal
-weight per window, scaled so that 8192 trace tokens (an 8k-context RL setting) map to the token cap,
-clipped to [1, cap] (about 3% of the trace lies above 8k).  Every
+Workload: response lengths drawn from the servegen-r1 length table the package ships
+(rollpacker/data/servegen-r1: production DeepSeek-R1 output lengths, Apache-2.0, from alibaba/ServeGen,
+pooled by request volume), scaled so that 8192 trace tokens (an 8k-context RL setting) map to the
+token cap, clipped to [1, cap].  Every
 engine is forced to produce exactly those lengths (EOS ignored; static `generate` runs each batch
 to its longest request, which is its real cost).  Prompts are seeded random token ids, 32-128
 long.  Sampling at temperature 1, no top-k/top-p.  "tokens" = the requested lengths only, so
@@ -27,8 +27,6 @@ Prints one JSON line: tokens/s of each engine and the ratios embedded/static, em
 from __future__ import annotations
 
 import argparse
-import ast
-import glob
 import json
 import os
 import platform
@@ -46,29 +44,16 @@ sys.path.insert(0, str(ROOT))
 from rollpacker.backends.embedded.engine import EmbeddedEngine  # noqa: E402
 from rollpacker.backends.models import load_model  # noqa: E402
 from rollpacker.core.protocols import GenerationRequest, GenerationResult  # noqa: E402
+from rollpacker.sim.workloads import load_marginals  # noqa: E402
 
 TRACE_SCALE_TOKENS = 8192
-TRACE_DIR = ROOT.parent / "shared" / "traces" / "servegen-deepseek-r1"
 
 
-def trace_lengths(n: int, cap: int, seed: int, trace_dir: Path = TRACE_DIR) -> list[int]:
-    """`n` output lengths from the pooled trace, scaled so 8192 maps to `cap`, clipped to [1, cap]."""
-    values, weights = [], []
-    files = sorted(glob.glob(str(trace_dir / "chunk-*-dataset.json")))
-    if not files:
-        raise FileNotFoundError(f"no chunk-*-dataset.json in {trace_dir}")
-    for path in files:
-        with open(path) as f:
-            for window in json.load(f).values():
-                dist = ast.literal_eval(window["output_tokens"])
-                total = sum(dist.values())
-                for v, p in dist.items():
-                    values.append(float(v))
-                    weights.append(p / total)
-    values, weights = np.asarray(values), np.asarray(weights)
-    weights /= weights.sum()
-    rng = np.random.default_rng(seed)
-    drawn = rng.choice(values, size=n, p=weights)
+def trace_lengths(n: int, cap: int, seed: int) -> list[int]:
+    """`n` output lengths from the packaged servegen-r1 table, scaled so 8192 maps to `cap`,
+    clipped to [1, cap]."""
+    output, _ = load_marginals("servegen-r1")
+    drawn = output.quantile(np.random.default_rng(seed).random(n))
     return [int(x) for x in np.clip(np.round(drawn * cap / TRACE_SCALE_TOKENS), 1, cap)]
 
 

@@ -124,7 +124,7 @@ def main() -> None:
     body = f"""Regenerate: `.venv/bin/python benchmarks/sim_table.py` ({time.time() - t0:.0f} s here; {args.steps} steps x
 seeds {args.seeds}, means).  Lengths: servegen-r1 (alibaba/ServeGen DeepSeek-R1 production trace, Apache-2.0)
 with a modelled prompt structure (90% of log-length variance between prompts); P=128, R=8; latency model and
-constants in rollpacker/sim/constants.py (../shared/LATENCY.md; assumptions marked there).  The simulated
+constants in rollpacker/sim/constants.py (each with its source; assumptions marked there).  The simulated
 "sync" is veRL-style colocated generation; all times are simulated H100 seconds.
 
 Rollout time per step vs the papers (RollPacker Table: veRL -> RollPacker, H800; ours: sync -> tail):
