@@ -93,7 +93,8 @@ class Interval:
     start: float
     end: float | None = None
     outcome: str = "running"
-    """"kept", "aborted", or "wasted" (finished but not kept)."""
+    """"kept" (scored; at the step's end only if trained), "carried" (trained in a later step), "aborted", or
+    "wasted" (finished but not trained)."""
     prompt: int = -1
     """Dataset index of its prompt."""
     num_tokens: int = 0
@@ -315,6 +316,14 @@ class StepLoop:
         self._log.sync_s = time.perf_counter() - t
         # the step is trained: only tokens that a later round resumes or trains are still needed
         self.tokens = {rid: r for rid, r in self.tokens.items() if rid in self._log.carried}
+        self._settle_outcomes()
+
+    def _settle_outcomes(self) -> None:
+        """A sample scored but not trained this step is carried (a later step trains it) or wasted
+        (its prompt was deferred): the timeline then agrees with the step's kept tokens."""
+        for interval in self._log.intervals.values():
+            if interval.outcome == "kept" and not interval.is_trained:
+                interval.outcome = "carried" if interval.request_id in self._log.carried else "wasted"
 
     # -- bookkeeping -----------------------------------------------------------------------------
 

@@ -125,3 +125,18 @@ def test_loop_forwards_aborts_and_never_trains_an_aborted_response():
     assert aborted and record["launched_requests"] == 9
     assert len(trainer.samples) == 4 and all(len(s.response_ids) == 3 for s in trainer.samples)
     assert [c[0] for c in calls[-3:]] == ["pause", "update_weights", "resume"]
+
+
+def test_timeline_kept_tokens_are_the_trained_ones():
+    """A sample scored but not trained (its prompt deferred, or carried) is not drawn as kept."""
+    for policy in (make_policy("tail", prompts=2, samples=2, max_tokens=8),
+                   make_policy("partial", prompts=2, samples=2, max_tokens=8)):
+        calls = []
+        engine = ScriptedEngine(calls)
+        sched = Scheduler(policy, num_prompts=4, batcher=BatcherConfig(token_budget=1))
+        loop = StepLoop(sched, engine, ScriptedRewards(), RecordingTrainer(calls, engine), Prompts())
+        record = loop.run_step()
+        intervals = list(loop.last_timeline)
+        assert sum(i.num_tokens for i in intervals if i.outcome == "kept") == record["kept_tokens"]
+        assert all(i.is_trained for i in intervals if i.outcome == "kept")
+        assert not any(i.is_trained for i in intervals if i.outcome in ("wasted", "carried", "aborted"))

@@ -164,7 +164,7 @@ class RunDir:
 
         round_end = record["rollout_s"]
         end = max([record.get("step_s", 0.0), round_end] + [i.end or i.start for i in intervals])
-        tokens = {"kept": 0, "aborted": 0, "wasted": 0}
+        tokens = {"kept": 0, "aborted": 0, "wasted": 0, "carried": 0}
         for i in intervals:
             if i.outcome in tokens:
                 tokens[i.outcome] += i.num_tokens
