@@ -14,14 +14,14 @@ import random
 
 from rollpacker.core import (
     AbortRequest,
+    EndRound,
     LaunchRequest,
-    OptimizerStep,
     RequestAborted,
     RequestFinished,
     RewardScored,
-    RoundEnded,
     Scheduler,
     ScoreSample,
+    StepOptimizer,
     TrainMicroBatch,
 )
 
@@ -38,9 +38,9 @@ class RandomDriver:
         self.queue: list = []  # (time, seq, event)
         self.seq = 0
         self.running: dict[str, tuple[float, int, int]] = {}  # rid -> (start, length, resumed)
-        self.round_ends: list[RoundEnded] = []
+        self.round_ends: list[EndRound] = []
         self.micro_batches: list[TrainMicroBatch] = []
-        self.opt_steps: list[OptimizerStep] = []
+        self.opt_steps: list[StepOptimizer] = []
         self.launches: list[LaunchRequest] = []
         self.aborts_sent: set[str] = set()
         self.aborted_answers: set[str] = set()
@@ -83,9 +83,9 @@ class RandomDriver:
                 self._push(self.now + self.rng.random() * 3, RewardScored(cmd.sample.request_id, reward))
             elif isinstance(cmd, TrainMicroBatch):
                 self.micro_batches.append(cmd)
-            elif isinstance(cmd, OptimizerStep):
+            elif isinstance(cmd, StepOptimizer):
                 self.opt_steps.append(cmd)
-            elif isinstance(cmd, RoundEnded):
+            elif isinstance(cmd, EndRound):
                 self.round_ends.append(cmd)
 
     def run_step(self, stop_after_events: int | None = None) -> bool:

@@ -8,14 +8,14 @@ import pytest
 
 from rollpacker.core import (
     AbortRequest,
+    EndRound,
     LaunchRequest,
-    OptimizerStep,
     RequestAborted,
     RequestFinished,
     RewardScored,
-    RoundEnded,
     Scheduler,
     ScoreSample,
+    StepOptimizer,
     TokensGenerated,
 )
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
@@ -86,9 +86,9 @@ def drive_one_step(engine, scheduler: Scheduler, on_progress=None, timeout_s: fl
             elif isinstance(cmd, ScoreSample):
                 rid = cmd.sample.request_id
                 pending.extend(scheduler.handle(RewardScored(rid, float(int(rid[-1]) % 2), at=_now(started))))
-            elif isinstance(cmd, RoundEnded):
+            elif isinstance(cmd, EndRound):
                 round_ends.append(cmd)
-            elif isinstance(cmd, OptimizerStep):
+            elif isinstance(cmd, StepOptimizer):
                 opt_steps.append(cmd)
 
     execute(scheduler.begin_round())

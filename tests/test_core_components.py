@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 
 from rollpacker.core import (
     BatcherConfig,
-    GroupCompleted,
-    OptimizerStep,
+    CloseGroup,
+    EndRound,
     PromptKey,
     PromptPool,
     RewardScored,
-    RoundEnded,
     Sample,
     ScoreSample,
     Segment,
+    StepOptimizer,
     StreamBatcher,
     TrainMicroBatch,
     advantages,
@@ -136,18 +136,18 @@ def test_batcher_partitions_samples_and_normalises_to_the_full_batch(groups, bud
             all_samples[rid] = (sample, reward)
             items.append(("score", ScoreSample(sample)))
             items.append(("reward", RewardScored(rid, reward)))
-        items.append(("group", GroupCompleted(PromptKey(0, g), tuple(samples))))
+        items.append(("group", CloseGroup(PromptKey(0, g), tuple(samples))))
         trained.append(PromptKey(0, g))
     # any order where a sample is kept before its reward and before its group completes
     scores = [x for x in items if x[0] == "score"]
     rest = [x for x in items if x[0] != "score"]
     order.shuffle(rest)
     out = []
-    for _, item in scores + rest + [("end", RoundEnded(3, "normal", tuple(trained), _report(3)))]:
+    for _, item in scores + rest + [("end", EndRound(3, "normal", tuple(trained), _report(3)))]:
         state, commands = batcher.handle(state, item)
         out += commands
     micro = [c for c in out if isinstance(c, TrainMicroBatch)]
-    steps = [c for c in out if isinstance(c, OptimizerStep)]
+    steps = [c for c in out if isinstance(c, StepOptimizer)]
     assert len(steps) == 1 and out[-1] is steps[0]
     step = steps[0]
     rids = [r.sample.request_id for mb in micro for r in mb.samples]

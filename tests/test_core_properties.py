@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 from helpers import RandomDriver
 from rollpacker.core import (
     BatcherConfig,
-    GroupCompleted,
+    CloseGroup,
+    EndRound,
     LaunchRequest,
-    OptimizerStep,
     RequestFinished,
     RewardScored,
-    RoundEnded,
     Scheduler,
+    StepOptimizer,
     TrainMicroBatch,
     make_policy,
 )
@@ -168,11 +168,11 @@ class StreamingDriver(RandomDriver):
     def execute(self, commands) -> None:
         super().execute(commands)
         for c in commands:
-            if isinstance(c, GroupCompleted):
+            if isinstance(c, CloseGroup):
                 self.completed.append(c.samples)
             elif isinstance(c, TrainMicroBatch):
                 self.sent |= {r.sample.request_id for r in c.samples}
-            elif isinstance(c, OptimizerStep):
+            elif isinstance(c, StepOptimizer):
                 self.completed, self.sent = [], set()
         ready = [s for group in self.completed if all(s.request_id in self.rewarded for s in group) for s in group]
         held = [s for s in ready if s.request_id not in self.sent]
@@ -198,7 +198,7 @@ def test_micro_batches_stream_before_the_optimizer_step(name, knobs, run, budget
 
 def test_a_finished_group_trains_while_the_round_still_runs():
     """Sync P=2 R=2 with a 1-token budget: the first group, finished and scored, is trained while
-    the other group still generates (no RoundEnded yet)."""
+    the other group still generates (no EndRound yet)."""
     sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=100), num_prompts=2,
                       batcher=BatcherConfig(token_budget=1))
     launches = [c for c in sched.begin_round() if isinstance(c, LaunchRequest)]
@@ -208,7 +208,7 @@ def test_a_finished_group_trains_while_the_round_still_runs():
         out += sched.handle(RequestFinished(c.request_id, 10, "stop"))
     for c in first:
         out += sched.handle(RewardScored(c.request_id, 1.0))
-    assert [type(c) for c in out if isinstance(c, (TrainMicroBatch, RoundEnded, OptimizerStep))] == [TrainMicroBatch]
+    assert [type(c) for c in out if isinstance(c, (TrainMicroBatch, EndRound, StepOptimizer))] == [TrainMicroBatch]
     assert not sched.step_done
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 from rollpacker.core import BatcherConfig, RewardConfig, Scheduler, make_policy
-from rollpacker.loop import StepLoop
+from rollpacker.driver import StepLoop
 from rollpacker.train.config import RunConfig
 from test_step_loop import GOOD, Prompts, RecordingTrainer, ScriptedEngine
 

@@ -14,11 +14,11 @@ from collections import Counter
 from rollpacker.core import (
     ConfigError,
     LaunchRequest,
-    OptimizerStep,
     RequestFinished,
     RewardScored,
     Scheduler,
     ScoreSample,
+    StepOptimizer,
     make_policy,
     request_id,
     request_number,
@@ -144,7 +144,7 @@ def test_scheduler_scores_every_kept_sample_once_by_the_cores_deadline(durations
                 work = sched.scoring_finished(event[1], reward, now, seconds=event[2])
             else:
                 work = sched.expire_rewards(now)
-            assert any(isinstance(c, OptimizerStep) for c in work) or not sched.step_done
+            assert any(isinstance(c, StepOptimizer) for c in work) or not sched.step_done
     trained_or_pending = set(kept)
     assert set(answered) <= trained_or_pending and all(n == 1 for n in answered.values())
     assert sched.reward_state.anchor == anchor

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rollpacker.core import BatcherConfig, Scheduler, make_policy
 from rollpacker.core.protocols import GenerationResult, RewardJob, RewardOutcome, TrainStats
-from rollpacker.loop import StepLoop
+from rollpacker.driver import StepLoop
 
 GOOD, BAD = 7, 8
 """First response token of a rewarded (GOOD) and an unrewarded (BAD) response."""

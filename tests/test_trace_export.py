@@ -7,7 +7,7 @@ import json
 
 from rollpacker.core import Scheduler, make_policy
 from rollpacker.core.protocols import GenerationResult, RewardOutcome, TrainStats
-from rollpacker.loop import StepLoop
+from rollpacker.driver import StepLoop
 from rollpacker.sim.workloads import export_trace, load_workload
 
 MAX = 64

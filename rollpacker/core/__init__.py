@@ -19,13 +19,13 @@ The components, one concept per module:
 from .advantages import advantages
 from .commands import (
     AbortRequest,
+    CloseGroup,
     Command,
-    GroupCompleted,
+    EndRound,
     LaunchRequest,
-    OptimizerStep,
-    RoundEnded,
     RoundReport,
     ScoreSample,
+    StepOptimizer,
     TrainMicroBatch,
     TrainSampleRef,
 )
@@ -36,8 +36,8 @@ from .length_history import LengthPrediction
 from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
 from .planner import Policy, RoundPlanner
 from .policies import (
-    POLICIES,
     Knob,
+    POLICIES,
     PartialPolicy,
     SortedPolicy,
     SyncPolicy,
@@ -57,8 +57,8 @@ from .tp_planner import OnlineTP, TpChoice, plan_tp
 __all__ = [
     # driving the core
     "Scheduler", "Event", "RequestFinished", "RequestAborted", "TokensGenerated", "RewardScored",
-    "Command", "LaunchRequest", "AbortRequest", "ScoreSample", "GroupCompleted", "TrainMicroBatch",
-    "TrainSampleRef", "OptimizerStep", "RoundEnded", "RoundReport",
+    "Command", "LaunchRequest", "AbortRequest", "ScoreSample", "CloseGroup", "TrainMicroBatch",
+    "TrainSampleRef", "StepOptimizer", "EndRound", "RoundReport",
     # prompts and lengths
     "PromptPool", "PromptKey", "LengthPrediction", "Sample", "Segment", "request_id", "request_number",
     # round planning and its policies

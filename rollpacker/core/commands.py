@@ -46,7 +46,7 @@ class ScoreSample:
 
 
 @frozen
-class GroupCompleted:
+class CloseGroup:
     """All samples of `prompt`'s group are kept for this step (rewards may still be pending)."""
 
     prompt: PromptKey
@@ -77,7 +77,7 @@ class TrainMicroBatch:
 
 
 @frozen
-class OptimizerStep:
+class StepOptimizer:
     """Divide the accumulated gradient by `loss_normalizer`, then step the optimizer once.
 
     With the weights of the micro-batches, sum(micro-batch gradients) / loss_normalizer equals the
@@ -94,7 +94,7 @@ class OptimizerStep:
 
 
 @frozen
-class RoundEnded:
+class EndRound:
     """The round (rollout part of a step) is over: every request of it has finished or been aborted.
 
     `trained` are the prompts whose groups this step trains; the report carries the round's token
@@ -142,5 +142,5 @@ class RoundReport:
 
 
 Command = (
-    LaunchRequest | AbortRequest | ScoreSample | GroupCompleted | TrainMicroBatch | OptimizerStep | RoundEnded
+    LaunchRequest | AbortRequest | ScoreSample | CloseGroup | TrainMicroBatch | StepOptimizer | EndRound
 )

@@ -8,7 +8,7 @@ groups (a prompt and the samples to launch for it) this round plays and how many
 takes one engine event:
 
     RequestFinished  the sample joins its group's `kept` (ScoreSample).  When a group holds R
-                     samples it is complete (GroupCompleted) and its other requests are aborted.
+                     samples it is complete (CloseGroup) and its other requests are aborted.
                      When `target` groups are complete the round closes: every running request is
                      aborted.
     RequestAborted   ours: the tokens are wasted, or kept as a resume prefix if the policy carries
@@ -16,7 +16,7 @@ takes one engine event:
 
 The round ends when it is closing and no request is outstanding: completed groups are trained
 (pool: completed), incomplete ones go where the policy says (deferred, returned, carried) and
-`RoundEnded` reports the round's accounting.  Aborted work is never trained: a request is in the
+`EndRound` reports the round's accounting.  Aborted work is never trained: a request is in the
 round's tables until its answer arrives, so a late answer is recognised and discarded.
 
 Every prompt is trained exactly once per epoch because a key leaves the pool's in-flight set only
@@ -33,10 +33,10 @@ from immutables import Map
 
 from .commands import (
     AbortRequest,
+    CloseGroup,
     Command,
-    GroupCompleted,
+    EndRound,
     LaunchRequest,
-    RoundEnded,
     RoundReport,
     ScoreSample,
 )
@@ -163,7 +163,7 @@ class _Txn:
         return self.round_changes.get("closing", self.round.closing)
 
     def complete_group(self, slot: int, group: Group) -> Group:
-        self.commands.append(GroupCompleted(group.prompt, group.kept))
+        self.commands.append(CloseGroup(group.prompt, group.kept))
         self.abort_requests(group.running)
         group = replace(group, is_complete=True, pending=())
         if slot in self.queue:
@@ -342,7 +342,7 @@ class RoundPlanner:
             sorted({seg.request_id for g in state.carried for s in g.kept for seg in s.segments}
                    | {seg.request_id for g in state.carried for _, p in g.pending for seg in p})
         )
-        commands.append(RoundEnded(rnd.step, rnd.kind, tuple(g.prompt for g in trained), report, carried_ids))
+        commands.append(EndRound(rnd.step, rnd.kind, tuple(g.prompt for g in trained), report, carried_ids))
         return replace(state, round=None, step=state.step + 1), commands
 
     # -- checkpoints -----------------------------------------------------------------------------

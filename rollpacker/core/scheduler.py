@@ -2,7 +2,7 @@
 
 The pure components take and return immutable state; a driver usually wants one object that it
 feeds events and that hands back commands.  This is that object (as h11's Connection wraps its
-state machine): it routes the planner's ScoreSample / GroupCompleted / RoundEnded to the batcher,
+state machine): it routes the planner's ScoreSample / CloseGroup / EndRound to the batcher,
 RewardScored to the batcher, request events to the planner, and returns every command.
 
 It also holds the reward scheduler (reward_scheduler.py: worker budget and RollPacker's adaptive
@@ -17,19 +17,19 @@ and, if it enforces deadlines by the core's clock, calls `expire_rewards` when t
     commands = sched.begin_round()
     while not sched.step_done:
         commands = sched.handle(next_event())    # execute LaunchRequest/AbortRequest/ScoreSample/
-                                                 # TrainMicroBatch/OptimizerStep as they come
+                                                 # TrainMicroBatch/StepOptimizer as they come
 """
 
 from __future__ import annotations
 
-from .commands import Command, GroupCompleted, OptimizerStep, RoundEnded, ScoreSample
+from .commands import Command, CloseGroup, StepOptimizer, EndRound, ScoreSample
 from .events import Event, RewardScored
 from .planner import Policy, RoundPlanner
 from .reward_scheduler import RewardConfig, RewardScheduler, RewardState
 from .round_state import PlannerState
 from .stream_batcher import BatcherConfig, BatcherState, StreamBatcher
 
-_FOR_BATCHER = (ScoreSample, GroupCompleted, RoundEnded)
+_FOR_BATCHER = (ScoreSample, CloseGroup, EndRound)
 
 
 class Scheduler:
@@ -48,7 +48,7 @@ class Scheduler:
         self._committed: PlannerState = self.state
         """Planner state as of the last optimizer step: what a checkpoint saves."""
         self.step_done = True
-        """True between an OptimizerStep and the next begin_round."""
+        """True between a StepOptimizer and the next begin_round."""
 
     @property
     def policy(self) -> Policy:
@@ -116,7 +116,7 @@ class Scheduler:
 
     def _note(self, commands: list[Command]) -> list[Command]:
         for command in commands:
-            if isinstance(command, OptimizerStep):
+            if isinstance(command, StepOptimizer):
                 self.step_done = True
                 self._committed = self.state
         return commands

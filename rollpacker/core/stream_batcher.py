@@ -1,10 +1,10 @@
 """Stream batcher: rewarded samples in, training micro-batches and one optimizer step out.
 
 A group's advantages need all of its rewards, so a group is packed once it is complete
-(GroupCompleted from the planner) and every sample of it is scored (RewardScored).  Packed samples
+(CloseGroup from the planner) and every sample of it is scored (RewardScored).  Packed samples
 go into micro-batches of at most `token_budget` response tokens (a longer sample goes alone), in
 the order groups became ready (completion order).  When the round has ended and every trained group
-is packed, the last micro-batch and the `OptimizerStep` are emitted.
+is packed, the last micro-batch and the `StepOptimizer` are emitted.
 
 Loss aggregation (the normalisation that makes streamed micro-batches sum to the full batch):
 - "token-mean" (default; DAPO's token-level loss): loss = sum_i sum_t l_it / sum_i |y_i|.
@@ -17,7 +17,7 @@ exactly, whatever the split.
 
 Advantages are computed per group (advantages.py: "grpo", "grpo-mean" or "rloo").  With
 `dynamic_sampling` (DAPO), groups whose rewards all agree carry no signal and are dropped;
-OptimizerStep lists them.
+StepOptimizer lists them.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from immutables import Map
 
 from .advantages import ADVANTAGES, advantages
 from .commands import (
+    CloseGroup,
     Command,
-    GroupCompleted,
-    OptimizerStep,
-    RoundEnded,
+    EndRound,
     ScoreSample,
+    StepOptimizer,
     TrainMicroBatch,
     TrainSampleRef,
 )
@@ -72,7 +72,7 @@ class BatcherState:
     tokens: int = 0
     normalizer: float = 0.0
     dropped: tuple[PromptKey, ...] = ()
-    round_ended: RoundEnded | None = None
+    round_ended: EndRound | None = None
 
 
 class StreamBatcher:
@@ -83,7 +83,7 @@ class StreamBatcher:
         return BatcherState(step=step)
 
     def handle(self, state: BatcherState, item: Event | Command) -> tuple[BatcherState, list[Command]]:
-        """Feed planner commands (ScoreSample, GroupCompleted, RoundEnded) and RewardScored events."""
+        """Feed planner commands (ScoreSample, CloseGroup, EndRound) and RewardScored events."""
         if isinstance(item, ScoreSample):
             number = item.sample.number
             if number in state.rewards:
@@ -91,9 +91,9 @@ class StreamBatcher:
             return replace(state, rewards=state.rewards.set(number, AWAITING)), []
         if isinstance(item, RewardScored):
             return self._reward(state, item)
-        if isinstance(item, GroupCompleted):
+        if isinstance(item, CloseGroup):
             return self._group(state, item.prompt, item.samples)
-        if isinstance(item, RoundEnded):
+        if isinstance(item, EndRound):
             return self._maybe_finish(replace(state, round_ended=item), [])
         return state, []
 
@@ -168,7 +168,7 @@ class StreamBatcher:
             commands.append(TrainMicroBatch(state.step, index, state.packed))
             index += 1
         commands.append(
-            OptimizerStep(state.step, state.normalizer, state.samples, state.tokens, index, state.dropped)
+            StepOptimizer(state.step, state.normalizer, state.samples, state.tokens, index, state.dropped)
         )
         carried = {request_number(r) for r in ended.carried_requests}
         rewards = Map()  # carried samples keep their reward; pending ones of dropped groups are moot

@@ -8,7 +8,7 @@ driven by real length data and a stated latency model, running the same core as 
 
 from .config import TP_MODES, SimConfig
 from .constants import MODELS, PAPER_SETTINGS, SimConstants
-from .driver import Simulation
+from .simulation import Simulation
 from .workloads import BUILTIN, WorkloadError, load_workload, parse_jsonl
 
 __all__ = ["BUILTIN", "MODELS", "PAPER_SETTINGS", "SimConfig", "SimConstants", "Simulation", "TP_MODES",

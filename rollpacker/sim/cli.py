@@ -13,7 +13,7 @@ from rollpacker.core import POLICIES, ConfigError, Knob, knob_specs
 
 from .config import TP_MODES, SimConfig
 from .constants import MODELS, SimConstants
-from .driver import Simulation
+from .simulation import Simulation
 from .workloads import BUILTIN
 
 def on_off(raw: str) -> bool:

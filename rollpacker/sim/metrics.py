@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rollpacker.core import OptimizerStep, RewardScored, RoundEnded, bubble_ratio, step_record
+from rollpacker.core import StepOptimizer, RewardScored, EndRound, bubble_ratio, step_record
 
 from .bias import BIAS_SUMS, bias_means, bias_record
 
@@ -70,13 +70,14 @@ class StepMeter:
     def trained(self, seconds: float) -> None:
         self.train_busy += seconds
 
-    def round_ended(self, cmd: RoundEnded, now: float) -> None:
+    def round_ended(self, cmd: EndRound, now: float) -> None:
         self.rollout_end, self.report = now, cmd.report
 
-    def optimizer(self, cmd: OptimizerStep, now: float) -> None:
+    def optimizer(self, cmd: StepOptimizer, now: float) -> None:
         self.last_reward = max(self.last_reward, now) if self.rollout_end is None else self.last_reward
 
-    def finish(self, sim, start: float, end: float) -> dict:
+    def finish(self, sim, start: float, end: float, ledger, pending) -> dict:
+        """The step's record; `ledger` and `pending` are the driver's trained and still pending prompts."""
         rollout_end = self.rollout_end
         rollout_s = rollout_end - self.start
         reward_done = max(rollout_end, self.last_reward)
@@ -86,7 +87,6 @@ class StepMeter:
         work_lb = self.report.generated_tokens * (cost.t1 + cost.t0 / b_max) / n * spec
         path_lb = self.longest * (cost.t0 + cost.t1) * spec
         busy = sum(i.busy_s for i in sim.instances)
-        pending = sim.pending_keys()
         if sim.record_timeline:
             sim.timelines[self.report.step] = {
                 "start": self.start, "end": rollout_end,
@@ -114,8 +114,8 @@ class StepMeter:
             reward_timeouts=self.timeouts,
             train_busy_s=self.train_busy,
             pending_prompts=len(pending),
-            lost_prompts=sim.ledger.lost(sim.launched_keys, pending),
-            duplicate_prompts=sim.ledger.duplicates,
+            lost_prompts=ledger.lost(sim.launched_keys, pending),
+            duplicate_prompts=ledger.duplicates,
             tail_s=self.tail_s(),
             tokens_per_s=self.report.generated_tokens / rollout_s if rollout_s > 0 else 0.0,
             **bias_record(self.kept_lengths, self.launched_lengths, sim.config.max_tokens),

@@ -282,6 +282,6 @@ def export_trace(metrics_path: Path, out_path: Path) -> int:
         records = [json.loads(line) for line in f if line.strip()]
     lines = trace_lines(records)
     if not lines:
-        raise WorkloadError(f"{metrics_path}: no step record holds \"requests\" (written by rollpacker.loop)")
+        raise WorkloadError(f"{metrics_path}: no step record holds \"requests\" (written by rollpacker.driver)")
     Path(out_path).write_text("".join(json.dumps(line) + "\n" for line in lines))
     return len(lines)

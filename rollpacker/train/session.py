@@ -14,7 +14,7 @@ from pathlib import Path
 from rollpacker.core import BatcherConfig, Scheduler
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob
-from rollpacker.loop import LoopConfig, StepLoop
+from rollpacker.driver import LoopConfig, StepLoop
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow

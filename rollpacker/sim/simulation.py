@@ -1,6 +1,6 @@
-"""The simulator's driver: a discrete-event loop that executes the core's commands against the
-simulated instances, reward workers and trainer, and feeds the core the events they produce, exactly
-as a real driver does with real engines.
+"""The simulator as a driver backend: the core's commands run against simulated instances, reward
+workers and trainer, which report the events they produce, exactly as a real backend does; the
+same `rollpacker.driver.Driver` runs it, on a `VirtualClock` that only the simulator moves.
 
     sim = Simulation(SimConfig(policy="tail", max_tokens=32768, instances=16, tp=4, model="qwen2.5-32b"))
     result = sim.run()        # {"config": {...}, "steps": [...], "total": {...}}
@@ -15,26 +15,28 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
 
 from rollpacker.core import (
-    AbortRequest,
     BatcherConfig,
+    CloseGroup,
+    Command,
+    EndRound,
     EpochLedger,
     LaunchRequest,
-    OptimizerStep,
     RequestAborted,
     RequestFinished,
     RewardScored,
-    RoundEnded,
     Scheduler,
-    ScoreSample,
+    StepOptimizer,
     TrainMicroBatch,
-    step_record,
 )
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
+from rollpacker.core.records import PromptKey, Sample
 from rollpacker.core.reward_scheduler import RewardConfig, StartScoring
 from rollpacker.core.tp_planner import OnlineTP, feasible_tps, plan_tp
+from rollpacker.driver import DeadlinePassed, Driver, Input, ScorerAnswered, VirtualClock
 
 from .config import SimConfig
 from .constants import MODELS, SimConstants
@@ -70,7 +72,8 @@ class Simulation:
         self.online = OnlineTP(tp=config.tp, max_tp=max(self._feasible() or [config.tp]),
                                min_tp=min(self._feasible() or [config.tp]))
         self._build_instances(config.tp)
-        self.now = 0.0
+        self.clock = VirtualClock()
+        self.driver = Driver(self.sched, self, self.clock)
         self.heap: list = []
         self.seq = 0
         self.inbox: deque = deque()
@@ -78,12 +81,20 @@ class Simulation:
         self.live: dict[str, SimRequest] = {}
         self.totals: dict[str, int] = {}
         self.root: dict[str, str] = {}
-        self.ledger = EpochLedger()
         self.launched_keys: set = set()
         self.trainer_free = 0.0
         self.held_batches: list[TrainMicroBatch] = []
         self.scoring: dict[str, int] = {}
         self.timelines: dict[int, dict] = {}
+        self.step_start = 0.0
+
+    @property
+    def now(self) -> float:
+        return self.clock.now()
+
+    @property
+    def ledger(self) -> EpochLedger:
+        return self.driver.ledger
 
     # -- instances and TP -------------------------------------------------------------------------
 
@@ -129,15 +140,18 @@ class Simulation:
         self.seq += 1
 
     def run_step(self) -> dict:
-        start = self.now
-        commands = self.sched.begin_round()
-        launches = [c for c in commands if isinstance(c, LaunchRequest)]
+        """One simulated step, driven by the same Driver as a real run."""
+        return self.driver.run_step()
+
+    def begin_step(self, commands: Sequence[Command]) -> None:
+        """Pick the step's TP (a switch costs `tp_switch_s`), then start its meter."""
+        self.step_start = self.now
         switch = 0.0
-        tp = self._choose_tp(launches)
+        tp = self._choose_tp([c for c in commands if isinstance(c, LaunchRequest)])
         if tp != self.tp:
             self._build_instances(tp)
             switch = self.constants.engine.tp_switch_s
-            self.now += switch
+            self.clock.advance_to(self.now + switch)
         for inst in self.instances:
             inst.time = max(inst.time, self.now)
             inst.preemptions = inst.busy_s = inst.peak_running = 0
@@ -145,41 +159,41 @@ class Simulation:
         self.meter = StepMeter(self.now, self.config.bubble_capacity or self.config.prompts * self.config.samples)
         self.meter.tp, self.meter.switch_s = self.tp, switch
         self.dirty: set[int] = set()
-        self.execute(commands)
+
+    def wait(self) -> list[Input]:
+        """Admit work on changed instances; then the next answer due now, or the next heap event."""
         self._settle()
-        while not self.sched.step_done:
-            if self.inbox:
-                self.execute(self.sched.handle(self.inbox.popleft()))
-                self._settle()
-                continue
-            if not self.heap:
-                raise RuntimeError(f"simulation deadlock at t={self.now:.3f}s in step {self.sched.state.step}")
-            at, _, kind, payload = heapq.heappop(self.heap)
-            self.now = max(self.now, at)
-            self._fire(kind, payload)
-            self._settle()
+        if self.inbox:
+            return [self.inbox.popleft()]
+        if not self.heap:
+            raise RuntimeError(f"simulation deadlock at t={self.now:.3f}s in step {self.sched.state.step}")
+        at, _, kind, payload = heapq.heappop(self.heap)
+        self.clock.advance_to(at)
+        return self._fire(kind, payload)
+
+    def finish_step(self, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
+        """The trainer finishes its micro-batches, then steps the optimizer."""
         end = max(self.now, self.trainer_free) + self.constants.train.optimizer_s
         self.trainer_free = end
-        record = self.meter.finish(self, start, end)
+        record = self.meter.finish(self, self.step_start, end, ledger, pending)
         self.online = self.online.observe(record["preemptions"])
-        self.now = end
+        self.clock.advance_to(end)
         return record
 
-    def _fire(self, kind: int, payload) -> None:
-        if kind == WAKE:
-            inst, version = payload
-            if version != inst.version:
-                return
+    def _fire(self, kind: int, payload) -> list[Input]:
+        if kind == SCORED:
+            rid, reward = payload
+            return [ScorerAnswered(rid, reward)]
+        if kind == DEADLINE:
+            return [DeadlinePassed()]
+        inst, version = payload
+        if version == inst.version:
             for req in inst.wake(self.now):
                 self._ended(req.rid)
                 self.meter.finished(self.now)
                 self.inbox.append(RequestFinished(req.rid, req.target, req.reason, self.now))
             self.dirty.add(inst.index)
-        elif kind == SCORED:
-            rid, reward = payload
-            self._rewards_out(self.sched.scoring_finished(rid, reward, self.now))
-        else:
-            self._rewards_out(self.sched.expire_rewards(self.now))
+        return []  # the finished requests are answered from the inbox, one per wait
 
     def _settle(self) -> None:
         """Admit waiting work on changed instances and schedule their next wake-up."""
@@ -203,25 +217,40 @@ class Simulation:
 
     # -- commands ---------------------------------------------------------------------------------
 
-    def execute(self, commands) -> None:
+    def launch(self, commands: Sequence[LaunchRequest]) -> None:
         for cmd in commands:
-            if isinstance(cmd, LaunchRequest):
-                self._launch(cmd)
-            elif isinstance(cmd, AbortRequest):
-                self._abort(cmd.request_id)
-            elif isinstance(cmd, ScoreSample):
-                self.scoring[cmd.sample.request_id] = cmd.sample.prompt.index
-                self._rewards_out(self.sched.start_scoring(cmd.sample.request_id, self.now))
-            elif isinstance(cmd, TrainMicroBatch):
-                self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)
-                if self.constants.train.stream or self.meter.rollout_end is not None:
-                    self._train(cmd)
-                else:
-                    self.held_batches.append(cmd)
-            elif isinstance(cmd, RoundEnded):
-                self._round_ended(cmd)
-            elif isinstance(cmd, OptimizerStep):
-                self.meter.optimizer(cmd, self.now)
+            self._launch(cmd)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        for rid in request_ids:
+            self._abort(rid)
+
+    def keep(self, sample: Sample) -> None:
+        self.scoring[sample.request_id] = sample.prompt.index
+
+    def start_scoring(self, command: StartScoring) -> None:
+        """Run the scorer: it answers by the core's deadline, or the deadline passes first."""
+        seconds, correct = self.reward_model.draw(self.scoring.pop(command.request_id))
+        if seconds <= command.timeout:
+            self._push(self.now + seconds, SCORED, (command.request_id, float(correct)))
+        else:
+            self._push(command.deadline, DEADLINE, None)
+
+    def scored(self, event: RewardScored) -> None:
+        self.meter.reward(event)
+
+    def close_group(self, command: CloseGroup) -> None:
+        """Nothing to do: the simulated trainer needs only the micro-batches."""
+
+    def train(self, cmd: TrainMicroBatch) -> None:
+        self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)
+        if self.constants.train.stream or self.meter.rollout_end is not None:
+            self._train(cmd)
+        else:
+            self.held_batches.append(cmd)
+
+    def step_optimizer(self, command: StepOptimizer) -> None:
+        self.meter.optimizer(command, self.now)
 
     def _launch(self, cmd: LaunchRequest) -> None:
         prefix = sum(s.num_tokens for s in cmd.resume)
@@ -257,34 +286,15 @@ class Simulation:
             self.meter.aborted(inst.index, self.now, req.generated)
             self.inbox.append(RequestAborted(rid, req.generated, self.now))
 
-    def _rewards_out(self, out) -> None:
-        """Run the scorers the core starts (each answers by its deadline or times out there); the
-        rewards the core decided are metered; the batcher's commands are executed."""
-        for item in out:
-            if isinstance(item, StartScoring):
-                seconds, correct = self.reward_model.draw(self._prompt_of(item.request_id))
-                if seconds <= item.timeout:
-                    self._push(self.now + seconds, SCORED, (item.request_id, float(correct)))
-                else:
-                    self._push(item.deadline, DEADLINE, None)
-            elif isinstance(item, RewardScored):
-                self.meter.reward(item)
-            else:
-                self.execute([item])
-
-    def _prompt_of(self, rid: str) -> int:
-        return self.scoring.pop(rid)
-
     def _train(self, cmd: TrainMicroBatch) -> None:
         seconds = self.train_model.micro_batch_s(cmd.num_tokens)
         self.trainer_free = max(self.trainer_free, self.now) + seconds
         self.meter.trained(seconds)
 
-    def _round_ended(self, cmd: RoundEnded) -> None:
+    def end_round(self, cmd: EndRound) -> None:
         # A prefill an instance started just before the round closed still runs to its end: the
         # rollout is over when every instance is idle, not at the abort.
         self.meter.round_ended(cmd, max([self.now] + [inst.time for inst in self.instances]))
-        self.ledger = self.ledger.record(cmd.trained)
         keep = set(cmd.carried_requests)
         self.root = {r: v for r, v in self.root.items() if r in keep}
         self.totals = {r: v for r, v in self.totals.items() if r in keep or r in self.root.values()}
@@ -294,17 +304,13 @@ class Simulation:
 
     # -- a whole run ------------------------------------------------------------------------------
 
-    def pending_keys(self) -> set:
-        pool = self.sched.state.pool
-        return set(pool.in_flight) | set(pool.deferred) | set(pool.returned)
-
     def run(self, progress=None) -> dict:
         steps = []
         for _ in range(self.config.steps):
             steps.append(self.run_step())
             if progress is not None:
                 progress.update(1)
-        pending = self.pending_keys()
+        pending = self.driver.pending_prompts()
         total = totals(steps)
         total["pending_prompts"] = len(pending)
         total["lost_prompts"] = self.ledger.lost(self.launched_keys, pending)

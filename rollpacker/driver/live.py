@@ -1,58 +1,56 @@
-"""StepLoop: the driver that runs the core against real backends, one training step at a time.
+"""LiveBackend: the real rollout engine, reward executor and trainer as one driver backend, and
+`StepLoop`, the driver over it.
 
-It owns no scheduling logic: it turns engine outputs and reward outcomes into core events, feeds
-them to the `Scheduler`, and executes the commands it gets back against the rollout engine, the
-reward executor and the trainer (all through the Protocols of `rollpacker.core.protocols`).
+It talks to them through the Protocols of `rollpacker.core.protocols`: launches become
+`GenerationRequest`s (a resumed request carries the token ids of the segments it continues),
+engine results become core events, kept samples become reward jobs, micro-batches become
+`TrainSample`s with their advantages.
 
-Scoring: a kept sample's reward job is handed to the core's reward scheduler (`start_scoring`); the
-job goes to the executor when the core starts it (`StartScoring`), with the core's deadline for it
-(RollPacker's adaptive timeout), which the executor enforces from when a worker takes the job.  Each
-outcome, with how long the scorer ran, goes back to the core (`scoring_finished`).
-
-Stream training: a `TrainMicroBatch` runs as soon as the batcher emits it, while the round's
-other requests keep generating (the engine decodes in its own thread or server), so training of
-finished groups hides under the tail; `hidden_train_s` reports how much.  After the single
-`OptimizerStep` the new weights go to the engine: pause, update, resume.
+Stream training: a `TrainMicroBatch` runs as soon as the batcher emits it, while the round's other
+requests keep generating (the engine decodes in its own thread or server), so training of finished
+groups hides under the tail; `hidden_train_s` reports how much.  After the single `StepOptimizer`
+the new weights go to the engine: pause, update, resume.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
 from attrs import define, field, frozen
 
-from .core import (
-    AbortRequest,
+from rollpacker.core import (
+    CloseGroup,
     Command,
-    GroupCompleted,
+    EndRound,
+    EpochLedger,
     LaunchRequest,
-    OptimizerStep,
     RequestAborted,
     RequestFinished,
-    EpochLedger,
-    RoundEnded,
+    RewardScored,
     Scheduler,
-    ScoreSample,
     StartScoring,
+    StepOptimizer,
     TrainMicroBatch,
     step_record,
 )
-from .core.errors import RollpackerError
-from .core.metrics import Occupancy
-from .core.protocols import (
+from rollpacker.core.errors import RollpackerError
+from rollpacker.core.metrics import Occupancy
+from rollpacker.core.protocols import (
     GenerationRequest,
     GenerationResult,
     MicroBatch,
     RewardExecutor,
     RewardJob,
     RolloutEngine,
-    Trainer,
     TrainSample,
+    Trainer,
 )
-from .core.records import Sample, request_number
+from rollpacker.core.records import PromptKey, Sample, Segment, request_number
+
+from .clock import Clock, WallClock
+from .loop import Driver, Input, ScorerAnswered
 
 
 class StepTimeout(RollpackerError):
@@ -134,22 +132,22 @@ class _StepLog:
     step_stats: Any = None
 
 
-class StepLoop:
+class LiveBackend:
     def __init__(self, scheduler: Scheduler, engine: RolloutEngine, rewards: RewardExecutor, trainer: Trainer,
-                 prompts: PromptSource, config: LoopConfig | None = None,
+                 prompts: PromptSource, clock: Clock, config: LoopConfig | None = None,
                  on_progress: Callable[[str, dict], None] | None = None) -> None:
         self.sched = scheduler
+        """Read only: progress and timeout messages name its running requests."""
         self.engine = engine
         self.rewards = rewards
         self.trainer = trainer
         self.prompts = prompts
+        self.clock = clock
         self.config = config or LoopConfig()
         self.on_progress = on_progress or (lambda stage, info: None)
         self.tokens: dict[str, GenerationResult] = {}
         """Results by request id, kept while a sample may still be trained or resumed."""
         self.last_timeline: list[Interval] = []
-        self.ledger = EpochLedger()
-        """Prompt keys trained so far by this loop (duplicates are counted, never expected)."""
         self.sample_rewards: dict[str, float] = {}
         """Rewards by request id, kept while their sample may still be trained (a carried group's
         samples are scored in one step and trained in a later one)."""
@@ -157,31 +155,31 @@ class StepLoop:
         """Intervals of kept samples that may still be scored or trained (a carried group's, in a later step)."""
         self._reward_jobs: dict[str, RewardJob] = {}
         """Reward jobs of kept samples waiting for the core to start their scoring."""
+        self._log = _StepLog(start=clock.now())
 
-    # -- one step --------------------------------------------------------------------------------
+    # -- the step's bounds -----------------------------------------------------------------------
 
-    def run_step(self) -> dict:
-        """Play one round, train it with one optimizer step, sync weights; return the metrics."""
-        log = _StepLog(start=time.perf_counter())
-        self._log = log
+    def begin_step(self, commands: Sequence[Command]) -> None:
+        self._log = _StepLog(start=self.clock.now())
         self.sample_rewards = {rid: r for rid, r in self.sample_rewards.items() if rid in self.tokens}
         self._kept = {rid: i for rid, i in self._kept.items() if rid in self.tokens}
-        self._execute(self.sched.begin_round())
-        while not self.sched.step_done:
-            self._check_deadline(log)
-            self._pump(log)
-        self.last_timeline = list(log.intervals.values())
-        return self._record(log)
 
-    def _pump(self, log: _StepLog) -> None:
+    def finish_step(self, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
+        self.last_timeline = list(self._log.intervals.values())
+        return self._record(self._log, ledger, pending)
+
+    # -- what happened ---------------------------------------------------------------------------
+
+    def wait(self) -> list[Input]:
+        """Poll the reward executor, then the engine (waiting up to `poll_s` on whichever is due)."""
+        log = self._log
+        self._check_deadline(log)
         outcomes = self.rewards.poll(timeout=0)
         waiting_on_engine = log.round_end is None
         outputs = self.engine.poll(timeout=self.config.poll_s if waiting_on_engine and not outcomes else 0)
         if not outputs and not outcomes and not waiting_on_engine:
             outcomes = self.rewards.poll(timeout=self.config.poll_s)
-        for out in outputs:
-            if isinstance(out, GenerationResult):
-                self._execute(self.sched.handle(self._engine_event(log, out)))
+        inputs: list[Input] = [self._engine_event(out) for out in outputs if isinstance(out, GenerationResult)]
         for outcome in outcomes:
             reward = outcome.reward if not outcome.failed else 0.0
             log.rewards[outcome.request_id] = self.sample_rewards[outcome.request_id] = reward
@@ -189,18 +187,19 @@ class StepLoop:
             if scored is not None:  # (its interval may be a past step's: a carried group's reward)
                 scored.reward = reward
             log.failed_rewards += outcome.failed
-            self._execute(self.sched.scoring_finished(outcome.request_id, reward, self._now(), outcome.failed,
-                                                      seconds=outcome.latency_s))
-        if outputs or outcomes:
+            inputs.append(ScorerAnswered(outcome.request_id, reward, outcome.failed, outcome.latency_s))
+        if inputs:
             self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
+        return inputs
 
-    def _engine_event(self, log: _StepLog, result: GenerationResult):
+    def _engine_event(self, result: GenerationResult) -> RequestFinished | RequestAborted:
         self.tokens[result.request_id] = result
-        now = self._now()
-        log.occupancy = log.occupancy.change(now, -1)
+        now = self.clock.now()
+        log = self._log
+        log.occupancy = log.occupancy.change(now - log.start, -1)
         interval = log.intervals.get(result.request_id)
         if interval is not None:
-            interval.end = now
+            interval.end = now - log.start
             interval.outcome = "aborted" if result.finish_reason == "abort" else "wasted"
             interval.num_tokens, interval.finish_reason = len(result.token_ids), result.finish_reason
             interval.token_ids = result.token_ids
@@ -211,32 +210,94 @@ class StepLoop:
 
     # -- commands --------------------------------------------------------------------------------
 
-    def _execute(self, commands: list[Command]) -> None:
-        launches = [c for c in commands if isinstance(c, LaunchRequest)]
-        if launches:
-            requests = [self._generation_request(c) for c in launches]
-            self.engine.submit(requests)
-            now = self._now()
-            for c, request in zip(launches, requests):
-                self._log.intervals[c.request_id] = Interval(c.request_id, now, prompt=c.prompt.index, request=request,
-                                                             resumes=tuple(seg.request_id for seg in c.resume))
-                self._log.occupancy = self._log.occupancy.change(now, +1)
-        aborts = [c.request_id for c in commands if isinstance(c, AbortRequest)]
-        if aborts:
-            self.engine.abort(aborts)
-        for command in commands:
-            if isinstance(command, ScoreSample):
-                self._score(command.sample)
-            elif isinstance(command, StartScoring):  # with the core's deadline for this sample
-                self.rewards.submit(attrs.evolve(self._reward_jobs.pop(command.request_id), deadline_s=command.timeout))
-            elif isinstance(command, GroupCompleted):
-                self._log.groups.append(tuple(s.request_id for s in command.samples))
-            elif isinstance(command, TrainMicroBatch):
-                self._train(command)
-            elif isinstance(command, RoundEnded):
-                self._round_ended(command)
-            elif isinstance(command, OptimizerStep):
-                self._optimizer_step(command)
+    def launch(self, commands: Sequence[LaunchRequest]) -> None:
+        requests = [self._generation_request(c) for c in commands]
+        self.engine.submit(requests)
+        log = self._log
+        at = self.clock.now() - log.start
+        for c, request in zip(commands, requests):
+            log.intervals[c.request_id] = Interval(c.request_id, at, prompt=c.prompt.index, request=request,
+                                                   resumes=tuple(seg.request_id for seg in c.resume))
+            log.occupancy = log.occupancy.change(at, +1)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self.engine.abort(list(request_ids))
+
+    def keep(self, sample: Sample) -> None:
+        self._log.kept.add(sample.request_id)
+        interval = self._log.intervals.get(sample.request_id)
+        if interval is not None:
+            interval.outcome = "kept"
+            self._kept[sample.request_id] = interval
+        job = self.prompts.reward_job(sample.request_id, sample.prompt.index, self._response_ids(sample.segments))
+        self._reward_jobs[sample.request_id] = job
+
+    def start_scoring(self, command: StartScoring) -> None:
+        """Send the job to the executor with the core's deadline for it."""
+        self.rewards.submit(attrs.evolve(self._reward_jobs.pop(command.request_id), deadline_s=command.timeout))
+
+    def scored(self, event: RewardScored) -> None:
+        """The executor enforces the deadline itself: its outcome was recorded as it came."""
+
+    def close_group(self, command: CloseGroup) -> None:
+        self._log.groups.append(tuple(s.request_id for s in command.samples))
+
+    def train(self, command: TrainMicroBatch) -> None:
+        samples = [self._train_sample(ref) for ref in command.samples]
+        self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
+        log = self._log
+        t = self.clock.now()
+        log.train_stats.append(self.trainer.forward_backward(MicroBatch(tuple(samples))))
+        spent = self.clock.now() - t
+        log.train_s += spent
+        if log.round_end is None:
+            log.hidden_train_s += spent
+
+    def _train_sample(self, ref) -> TrainSample:
+        s = ref.sample
+        self._log.trained_rewards.append(self.sample_rewards[s.request_id])
+        if s.request_id in self._kept:
+            self._kept[s.request_id].is_trained = True
+        return TrainSample(
+            prompt_ids=self.prompts.prompt_ids(s.prompt.index),
+            response_ids=self._response_ids(s.segments),
+            advantage=ref.advantage,
+            token_weight=ref.token_weight,
+            old_logprobs=self._logprobs(s.segments) if self.config.use_engine_logprobs else None,
+        )
+
+    def end_round(self, command: EndRound) -> None:
+        log = self._log
+        log.round_end = self.clock.now() - log.start
+        log.report = command.report
+        log.carried = frozenset(command.carried_requests)
+        log.trained = command.trained
+
+    def step_optimizer(self, command: StepOptimizer) -> None:
+        log = self._log
+        t = self.clock.now()
+        if command.num_samples:  # every group filtered out (DAPO): nothing to step
+            log.step_stats = self.trainer.optimizer_step(command.loss_normalizer)
+        log.optimizer_s = self.clock.now() - t
+        t = self.clock.now()
+        self.engine.pause()
+        try:
+            self.engine.update_weights(self.trainer.export_weights(), version=command.step + 1)
+        finally:
+            self.engine.resume()
+        log.sync_s = self.clock.now() - t
+        # the step is trained: only tokens that a later round resumes or trains are still needed
+        self.tokens = {rid: r for rid, r in self.tokens.items() if rid in log.carried}
+        self._settle_outcomes()
+
+    def _settle_outcomes(self) -> None:
+        """A sample scored but not trained this step is carried (a later step trains it) or wasted
+        (its prompt was deferred): the timeline then agrees with the step's kept tokens."""
+        for interval in self._log.intervals.values():
+            if interval.outcome == "kept" and not interval.is_trained:
+                interval.outcome = "carried" if interval.request_id in self._log.carried else "wasted"
+
+    # -- token ids -------------------------------------------------------------------------------
 
     def _generation_request(self, c: LaunchRequest) -> GenerationRequest:
         number = request_number(c.request_id)
@@ -251,88 +312,23 @@ class StepLoop:
             group=c.sibling_group,
         )
 
-    def _response_ids(self, segments) -> tuple[int, ...]:
+    def _response_ids(self, segments: Sequence[Segment]) -> tuple[int, ...]:
         ids: list[int] = []
         for seg in segments:
             ids.extend(self.tokens[seg.request_id].token_ids[: seg.num_tokens])
         return tuple(ids)
 
-    def _logprobs(self, segments) -> tuple[float, ...]:
+    def _logprobs(self, segments: Sequence[Segment]) -> tuple[float, ...]:
         out: list[float] = []
         for seg in segments:
             out.extend(self.tokens[seg.request_id].logprobs[: seg.num_tokens])
         return tuple(out)
 
-    def _score(self, sample: Sample) -> None:
-        self._log.kept.add(sample.request_id)
-        interval = self._log.intervals.get(sample.request_id)
-        if interval is not None:
-            interval.outcome = "kept"
-            self._kept[sample.request_id] = interval
-        job = self.prompts.reward_job(sample.request_id, sample.prompt.index, self._response_ids(sample.segments))
-        self._reward_jobs[sample.request_id] = job
-        self._execute(self.sched.start_scoring(sample.request_id, self._now()))
-
-    def _train(self, command: TrainMicroBatch) -> None:
-        samples = []
-        for ref in command.samples:
-            s = ref.sample
-            samples.append(TrainSample(
-                prompt_ids=self.prompts.prompt_ids(s.prompt.index),
-                response_ids=self._response_ids(s.segments),
-                advantage=ref.advantage,
-                token_weight=ref.token_weight,
-                old_logprobs=self._logprobs(s.segments) if self.config.use_engine_logprobs else None,
-            ))
-            self._log.trained_rewards.append(self.sample_rewards[s.request_id])
-            if s.request_id in self._kept:
-                self._kept[s.request_id].is_trained = True
-        self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
-        t = time.perf_counter()
-        self._log.train_stats.append(self.trainer.forward_backward(MicroBatch(tuple(samples))))
-        spent = time.perf_counter() - t
-        self._log.train_s += spent
-        if self._log.round_end is None:
-            self._log.hidden_train_s += spent
-
-    def _round_ended(self, command: RoundEnded) -> None:
-        self._log.round_end = self._now()
-        self._log.report = command.report
-        self._log.carried = frozenset(command.carried_requests)
-        self._log.trained = command.trained
-        self.ledger = self.ledger.record(command.trained)
-
-    def _optimizer_step(self, command: OptimizerStep) -> None:
-        t = time.perf_counter()
-        if command.num_samples:  # every group filtered out (DAPO): nothing to step
-            self._log.step_stats = self.trainer.optimizer_step(command.loss_normalizer)
-        self._log.optimizer_s = time.perf_counter() - t
-        t = time.perf_counter()
-        self.engine.pause()
-        try:
-            self.engine.update_weights(self.trainer.export_weights(), version=command.step + 1)
-        finally:
-            self.engine.resume()
-        self._log.sync_s = time.perf_counter() - t
-        # the step is trained: only tokens that a later round resumes or trains are still needed
-        self.tokens = {rid: r for rid, r in self.tokens.items() if rid in self._log.carried}
-        self._settle_outcomes()
-
-    def _settle_outcomes(self) -> None:
-        """A sample scored but not trained this step is carried (a later step trains it) or wasted
-        (its prompt was deferred): the timeline then agrees with the step's kept tokens."""
-        for interval in self._log.intervals.values():
-            if interval.outcome == "kept" and not interval.is_trained:
-                interval.outcome = "carried" if interval.request_id in self._log.carried else "wasted"
-
     # -- bookkeeping -----------------------------------------------------------------------------
-
-    def _now(self) -> float:
-        return time.perf_counter() - self._log.start
 
     def _check_deadline(self, log: _StepLog) -> None:
         limit = self.config.step_timeout_s
-        if limit is not None and self._now() > limit:
+        if limit is not None and self.clock.now() - log.start > limit:
             running = self.sched.state.num_running
             raise StepTimeout(
                 f"step {self.sched.state.step} ran past step_timeout_s={limit}: {running} requests still running, "
@@ -342,12 +338,11 @@ class StepLoop:
     def _progress(self, log: _StepLog) -> dict:
         return {"running": self.sched.state.num_running, "kept": len(log.kept), "rewards": len(log.rewards)}
 
-    def _record(self, log: _StepLog) -> dict:
-        step_s = self._now()
+    def _record(self, log: _StepLog, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
+        step_s = self.clock.now() - log.start
         rollout_s = log.round_end if log.round_end is not None else step_s
         bubble = log.occupancy.bubble_ratio(self.engine.capacity, rollout_s)
         rewards = log.trained_rewards
-        pool = self.sched.state.pool
         spreads = [max(r) - min(r) for r in ([self.sample_rewards[i] for i in g] for g in log.groups) if r]
         loss_sum = sum(s.loss_sum for s in log.train_stats)
         tokens = sum(s.num_tokens for s in log.train_stats)
@@ -366,10 +361,31 @@ class StepLoop:
             nonzero_variance_groups=sum(1 for s in spreads if s > 0) / len(spreads) if spreads else 0.0,
             loss=loss_sum / tokens if tokens else 0.0,
             trained=[str(k) for k in log.trained],
-            pending_prompts=len(pool.in_flight) + len(pool.deferred) + len(pool.returned),
-            duplicate_prompts=self.ledger.duplicates,
+            pending_prompts=len(pending),
+            duplicate_prompts=ledger.duplicates,
             entropy=entropy / tokens if tokens else 0.0,
             grad_norm=log.step_stats.grad_norm if log.step_stats is not None else None,
             requests=[[i.prompt, i.num_tokens, i.finish_reason, i.request_id, i.reward]
                       for i in log.intervals.values() if i.finish_reason],
         )
+
+
+class StepLoop(Driver):
+    """The driver over a `LiveBackend`: run real steps with `run_step()`."""
+
+    def __init__(self, scheduler: Scheduler, engine: RolloutEngine, rewards: RewardExecutor, trainer: Trainer,
+                 prompts: PromptSource, config: LoopConfig | None = None,
+                 on_progress: Callable[[str, dict], None] | None = None, clock: Clock | None = None) -> None:
+        clock = clock or WallClock()
+        self.live = LiveBackend(scheduler, engine, rewards, trainer, prompts, clock, config, on_progress)
+        super().__init__(scheduler, self.live, clock)
+
+    @property
+    def last_timeline(self) -> list[Interval]:
+        """The last step's requests, in launch order."""
+        return self.live.last_timeline
+
+    @property
+    def tokens(self) -> dict[str, GenerationResult]:
+        """Results still needed (carried or resumed by a later step), by request id."""
+        return self.live.tokens

@@ -1,0 +1,168 @@
+"""Driver: the one loop that runs the core's `Scheduler` against a backend, one training step at a time.
+
+It owns no scheduling logic and no I/O.  It feeds the core what the backend reports (engine events,
+scorer answers, passed reward deadlines) with the time of its injected clock, and executes each
+command the core returns by calling the backend method of the same name, in the core's order.  The
+real engine, reward executor and trainer are one backend (`live.LiveBackend`, behind `StepLoop`);
+the simulator is another (`rollpacker.sim.Simulation`): both run this loop.
+
+    driver = Driver(scheduler, backend, clock)
+    record = driver.run_step()       # begin a round, loop until the optimizer step, the step's metrics
+
+Scoring: `ScoreSample` asks the backend to prepare the sample's reward job (`keep`) and hands it to
+the core's reward scheduler; each `StartScoring` it gives back (RollPacker's adaptive deadline
+included) goes to the backend, whose answers come back through `wait` as `ScorerAnswered`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from attrs import frozen
+
+from rollpacker.core import (
+    AbortRequest,
+    CloseGroup,
+    Command,
+    EndRound,
+    EpochLedger,
+    LaunchRequest,
+    RequestAborted,
+    RequestFinished,
+    RewardScored,
+    Scheduler,
+    ScoreSample,
+    StartScoring,
+    StepOptimizer,
+    TrainMicroBatch,
+)
+from rollpacker.core.records import PromptKey, Sample
+
+from .clock import Clock, WallClock
+
+
+@frozen
+class ScorerAnswered:
+    """A scorer's answer for a kept sample; a failed one (error, timeout) counts as reward 0."""
+
+    request_id: str
+    reward: float
+    failed: bool = False
+    seconds: float | None = None
+    """How long the scorer ran, if the backend measured it (else the core counts from its start)."""
+
+
+@frozen
+class DeadlinePassed:
+    """The clock reached the core's next reward deadline: the scorings past it time out."""
+
+
+Input = RequestFinished | RequestAborted | ScorerAnswered | DeadlinePassed
+
+
+class Backend(Protocol):
+    """What the driver executes the core's commands against."""
+
+    def begin_step(self, commands: Sequence[Command]) -> None:
+        """A step starts; `commands` are its round's first (not yet executed)."""
+
+    def launch(self, commands: Sequence[LaunchRequest]) -> None: ...
+
+    def abort(self, request_ids: Sequence[str]) -> None: ...
+
+    def keep(self, sample: Sample) -> None:
+        """The planner keeps this finished response for training: prepare its scoring."""
+
+    def start_scoring(self, command: StartScoring) -> None: ...
+
+    def scored(self, event: RewardScored) -> None:
+        """The reward the core settled for a kept sample (a timeout's included)."""
+
+    def close_group(self, command: CloseGroup) -> None: ...
+
+    def train(self, command: TrainMicroBatch) -> None: ...
+
+    def end_round(self, command: EndRound) -> None: ...
+
+    def step_optimizer(self, command: StepOptimizer) -> None: ...
+
+    def wait(self) -> Sequence[Input]:
+        """Block (or, simulated, move the clock) until something happens; return what happened."""
+
+    def finish_step(self, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
+        """The step's metrics record (`core.step_record`), after its optimizer step."""
+
+
+class Driver:
+    def __init__(self, scheduler: Scheduler, backend: Backend, clock: Clock | None = None) -> None:
+        self.sched = scheduler
+        self.backend = backend
+        self.clock = clock or WallClock()
+        self.ledger = EpochLedger()
+        """Prompt keys trained so far (duplicates are counted, never expected)."""
+
+    def run_step(self) -> dict:
+        """Play one round, train it with one optimizer step; return the step's metrics."""
+        commands = self.sched.begin_round()
+        self.backend.begin_step(commands)
+        self.execute(commands)
+        while not self.sched.step_done:
+            for item in self.backend.wait():
+                self.execute(self.feed(item))
+        return self.backend.finish_step(self.ledger, self.pending_prompts())
+
+    def pending_prompts(self) -> frozenset[PromptKey]:
+        """Prompts drawn from the pool and not trained yet (running, deferred or returned)."""
+        pool = self.sched.state.pool
+        return frozenset(pool.in_flight) | frozenset(pool.deferred) | frozenset(pool.returned)
+
+    def feed(self, item: Input) -> list:
+        """Hand one backend report to the core; return the commands it answers with."""
+        now = self.clock.now()
+        if isinstance(item, ScorerAnswered):
+            reward = 0.0 if item.failed else item.reward
+            return self.sched.scoring_finished(item.request_id, reward, now, item.failed, seconds=item.seconds)
+        if isinstance(item, DeadlinePassed):
+            return self.sched.expire_rewards(now)
+        return self.sched.handle(item)
+
+    def execute(self, commands: Sequence) -> None:
+        """Run the commands in order; consecutive launches (and aborts) go to the backend as one call."""
+        i = 0
+        while i < len(commands):
+            kind = type(commands[i])
+            j = i + 1
+            if kind in (LaunchRequest, AbortRequest):
+                while j < len(commands) and type(commands[j]) is kind:
+                    j += 1
+            self._run(kind, commands[i:j])
+            i = j
+
+    def _run(self, kind: type, commands: Sequence) -> None:
+        if kind is LaunchRequest:
+            self.backend.launch(commands)
+        elif kind is AbortRequest:
+            self.backend.abort([c.request_id for c in commands])
+        else:
+            self._run_one(commands[0])
+
+    def _run_one(self, command) -> None:
+        if isinstance(command, ScoreSample):
+            self.backend.keep(command.sample)
+            self.execute(self.sched.start_scoring(command.sample.request_id, self.clock.now()))
+        elif isinstance(command, StartScoring):
+            self.backend.start_scoring(command)
+        elif isinstance(command, RewardScored):
+            self.backend.scored(command)
+        elif isinstance(command, CloseGroup):
+            self.backend.close_group(command)
+        elif isinstance(command, TrainMicroBatch):
+            self.backend.train(command)
+        elif isinstance(command, EndRound):
+            self.ledger = self.ledger.record(command.trained)
+            self.backend.end_round(command)
+        elif isinstance(command, StepOptimizer):
+            self.backend.step_optimizer(command)
+        else:
+            raise TypeError(f"driver: no backend method for command {command!r}")
