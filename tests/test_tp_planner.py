@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollpacker.core import ConfigError
+from rollpacker.core import ConfigError, LaunchRequest, Scheduler, SetTensorParallel, TpRule, make_policy
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.tp_planner import OnlineTP, feasible_tps, plan_tp, predict_makespan
 from rollpacker.sim.constants import H100, MODELS
@@ -72,3 +72,43 @@ def test_online_rule_rejects_bad_values():
         OnlineTP(tp=3)
     with pytest.raises(ConfigError):
         OnlineTP(tp=2).observe(-1)
+
+
+def _rule(mode: str, tp: int = 1, gpus: int = 8) -> TpRule:
+    return TpRule(mode=mode, tp=tp, model=MODELS["qwen2.5-32b"], hardware=H100, gpus=gpus, mem_fraction=0.5,
+                  max_context=34816, prompt_tokens=(500,) * 64, unseen_length=20000.0)
+
+
+def test_scheduler_asks_for_a_tp_change_before_the_rounds_launches_and_only_on_a_change():
+    """32B with 32k contexts cannot even hold one request at TP1 on half the memory: the plan rule
+    moves to a feasible TP before the first launch, then keeps it (no command) while it stays best."""
+    sched = Scheduler(make_policy("sync", prompts=8, samples=4, max_tokens=32768), num_prompts=64, tp=_rule("plan"))
+    first = sched.begin_round()
+    assert isinstance(first[0], SetTensorParallel) and first[0].tp in _rule("plan").feasible()
+    assert all(isinstance(c, LaunchRequest) for c in first[1:]) and len(first) == 1 + 8 * 4
+    assert sched.tp == first[0].tp
+    sched.step_done = True  # (a fresh round with the same predictions)
+    sched.state = Scheduler(make_policy("sync", prompts=8, samples=4, max_tokens=32768), num_prompts=64).state
+    assert not any(isinstance(c, SetTensorParallel) for c in sched.begin_round())
+
+
+def test_scheduler_online_tp_follows_observed_preemptions():
+    sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=64), num_prompts=8,
+                      tp=_rule("online", tp=2))
+    assert not any(isinstance(c, SetTensorParallel) for c in sched.begin_round())  # starts where it is
+    sched.observe_preemptions(100)
+    sched.observe_preemptions(200)  # doubled: the next round runs at TP4
+    sched.step_done, sched.state = True, Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=64),
+                                                   num_prompts=8).state
+    assert sched.begin_round()[0] == SetTensorParallel(4)
+
+
+def test_fixed_tp_and_no_rule_never_ask_and_a_live_backend_refuses_a_change():
+    for rule in (None, _rule("fixed", tp=4)):
+        sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=64), num_prompts=8, tp=rule)
+        sched.observe_preemptions(10)
+        assert not any(isinstance(c, SetTensorParallel) for c in sched.begin_round())
+    from rollpacker.driver import LiveBackend, VirtualClock
+    live = LiveBackend(sched, None, None, None, None, VirtualClock())
+    with pytest.raises(ConfigError, match="TpRule"):
+        live.set_tensor_parallel(SetTensorParallel(2))

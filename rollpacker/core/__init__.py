@@ -25,6 +25,7 @@ from .commands import (
     LaunchRequest,
     RoundReport,
     ScoreSample,
+    SetTensorParallel,
     StepOptimizer,
     TrainMicroBatch,
     TrainSampleRef,
@@ -52,7 +53,7 @@ from .reward_scheduler import RewardConfig, RewardScheduler, StartScoring
 from .round_state import PlannerState
 from .scheduler import Scheduler
 from .stream_batcher import BatcherConfig, StreamBatcher
-from .tp_planner import OnlineTP, TpChoice, plan_tp
+from .tp_planner import TP_MODES, OnlineTP, TpChoice, TpRule, plan_tp
 
 __all__ = [
     # driving the core
@@ -69,7 +70,7 @@ __all__ = [
     # rewards
     "RewardScheduler", "RewardConfig", "StartScoring",
     # tensor parallelism
-    "plan_tp", "OnlineTP", "TpChoice", "CostModel", "ModelShape", "Hardware",
+    "TpRule", "TP_MODES", "SetTensorParallel", "plan_tp", "OnlineTP", "TpChoice", "CostModel", "ModelShape", "Hardware",
     # metrics
     "EpochLedger", "Occupancy", "bubble_ratio", "step_record",
     # errors

@@ -32,6 +32,14 @@ class LaunchRequest:
 
 
 @frozen
+class SetTensorParallel:
+    """Run the rollout from now on at tensor-parallel size `tp` (GPUs / tp engine instances): comes
+    before the round's launches, from a Scheduler given a `TpRule`, when the TP changes."""
+
+    tp: int
+
+
+@frozen
 class AbortRequest:
     """Abort a running request; the engine answers with `RequestAborted` (partial token count)."""
 
@@ -142,5 +150,5 @@ class RoundReport:
 
 
 Command = (
-    LaunchRequest | AbortRequest | ScoreSample | CloseGroup | TrainMicroBatch | StepOptimizer | EndRound
+    SetTensorParallel | LaunchRequest | AbortRequest | ScoreSample | CloseGroup | TrainMicroBatch | StepOptimizer | EndRound
 )

@@ -5,6 +5,10 @@ feeds events and that hands back commands.  This is that object (as h11's Connec
 state machine): it routes the planner's ScoreSample / CloseGroup / EndRound to the batcher,
 RewardScored to the batcher, request events to the planner, and returns every command.
 
+It chooses each round's rollout TP when given a `TpRule` (tp_planner.py): `SetTensorParallel`
+comes before the launches of a round whose TP differs from the last, and `observe_preemptions`
+feeds RollPacker's online rule.
+
 It also holds the reward scheduler (reward_scheduler.py: worker budget and RollPacker's adaptive
 timeout), so every driver gets each sample's scoring deadline from the core.  A driver that runs
 scorers with deadlines calls `start_scoring` for each ScoreSample, runs a scorer for each
@@ -22,19 +26,21 @@ and, if it enforces deadlines by the core's clock, calls `expire_rewards` when t
 
 from __future__ import annotations
 
-from .commands import Command, CloseGroup, StepOptimizer, EndRound, ScoreSample
+from .commands import CloseGroup, Command, EndRound, LaunchRequest, ScoreSample, SetTensorParallel, StepOptimizer
 from .events import Event, RewardScored
 from .planner import Policy, RoundPlanner
 from .reward_scheduler import RewardConfig, RewardScheduler, RewardState
 from .round_state import PlannerState
 from .stream_batcher import BatcherConfig, BatcherState, StreamBatcher
+from .tp_planner import OnlineTP, TpRule
 
 _FOR_BATCHER = (ScoreSample, CloseGroup, EndRound)
 
 
 class Scheduler:
     def __init__(self, policy: Policy, num_prompts: int, seed: int = 0, batcher: BatcherConfig | None = None,
-                 checkpoint: dict | None = None, rewards: RewardConfig | None = None) -> None:
+                 checkpoint: dict | None = None, rewards: RewardConfig | None = None,
+                 tp: TpRule | None = None) -> None:
         self.planner = RoundPlanner(policy)
         self.batcher = StreamBatcher(batcher)
         self.rewards = RewardScheduler(rewards)
@@ -49,6 +55,11 @@ class Scheduler:
         """Planner state as of the last optimizer step: what a checkpoint saves."""
         self.step_done = True
         """True between a StepOptimizer and the next begin_round."""
+        self.tp_rule = tp
+        self.tp_state: OnlineTP | None = tp.initial() if tp is not None else None
+        """The online rule's state (its preemption history); None without a TpRule."""
+        self.tp: int | None = tp.tp if tp is not None else None
+        """The rollout TP in use (None: not the core's choice)."""
 
     @property
     def policy(self) -> Policy:
@@ -57,7 +68,21 @@ class Scheduler:
     def begin_round(self) -> list[Command]:
         self.step_done = False
         self.state, commands = self.planner.begin_round(self.state)
-        return self._route(commands)
+        return self._route(self._with_tp(commands))
+
+    def _with_tp(self, commands: list[Command]) -> list[Command]:
+        if self.tp_rule is None:
+            return commands
+        tp = self.tp_rule.choose(self.tp_state, self.state.pool, [c for c in commands if isinstance(c, LaunchRequest)])
+        if tp == self.tp:
+            return commands
+        self.tp = tp
+        return [SetTensorParallel(tp), *commands]
+
+    def observe_preemptions(self, preemptions: int) -> None:
+        """The rollout's preemptions in the step just trained (RollPacker's online TP rule)."""
+        if self.tp_state is not None:
+            self.tp_state = self.tp_state.observe(preemptions)
 
     def handle(self, event: Event) -> list[Command]:
         if isinstance(event, RewardScored):

@@ -19,6 +19,10 @@ big models) and loses when instances are the bottleneck (many short requests).
 `OnlineTP` (RollPacker, arXiv 2509.21009 section 4.2): observe preemptions per step; double TP when
 they grow by more than `jump` (1.05x) over the previous step; halve it after `quiet_steps` (4)
 steps without any.
+
+`TpRule` is what the `Scheduler` holds to choose each round's TP by one of them ("plan" or "online";
+"fixed" keeps the starting TP): it emits `SetTensorParallel` before a round whose TP differs from
+the last one, and is told each step's preemptions.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from __future__ import annotations
 import attrs
 import numpy as np
 from attrs import field, frozen
+from attrs.validators import in_
 
 from .cost_model import CostModel, Hardware, ModelShape
 from .errors import ConfigError
+from .prompt_pool import PromptPool
 
 CANDIDATES = (1, 2, 4, 8)
 
@@ -122,3 +128,47 @@ class OnlineTP:
             if self.last is not None and preemptions > self.jump * self.last and tp < self.max_tp:
                 tp *= 2
         return attrs.evolve(self, tp=tp, quiet=quiet, last=preemptions)
+
+
+TP_MODES = ("fixed", "plan", "online")
+
+
+@frozen(kw_only=True)
+class TpRule:
+    """How a Scheduler picks the rollout TP of each round, and the fleet it picks it for."""
+
+    mode: str = field(validator=in_(TP_MODES))
+    """"fixed" (the starting TP), "plan" (`plan_tp` on the round's predicted lengths), "online" (`OnlineTP`)."""
+    tp: int = field(validator=_tp_value)
+    """The TP the rollout starts at."""
+    model: ModelShape
+    hardware: Hardware
+    gpus: int
+    mem_fraction: float
+    max_context: int
+    """Prompt plus response tokens of the longest request."""
+    prompt_tokens: tuple[int, ...]
+    """Prompt length of every dataset prompt, by index."""
+    unseen_length: float
+    """Predicted response length of a prompt with no history yet."""
+
+    def feasible(self) -> list[int]:
+        return feasible_tps(self.model, self.hardware, self.gpus, self.mem_fraction, self.max_context)
+
+    def initial(self) -> OnlineTP:
+        tps = self.feasible() or [self.tp]
+        return OnlineTP(tp=self.tp, max_tp=max(tps), min_tp=min(tps))
+
+    def choose(self, online: OnlineTP, pool: PromptPool, launches) -> int:
+        """The TP for a round that launches `launches` (LaunchRequests)."""
+        if self.mode == "online":
+            return online.tp
+        if self.mode == "fixed":
+            return self.tp
+        lengths = []
+        for cmd in launches:
+            pred = pool.predict(cmd.prompt.index)
+            lengths.append(min(float(pred.median if pred.count else self.unseen_length), cmd.max_new_tokens))
+        prompt = sum(self.prompt_tokens[c.prompt.index] for c in launches) / max(len(launches), 1)
+        return plan_tp(self.model, self.hardware, self.gpus, self.mem_fraction, lengths, prompt, self.max_context,
+                       candidates=tuple(self.feasible())).tp

@@ -30,12 +30,13 @@ from rollpacker.core import (
     RequestFinished,
     RewardScored,
     Scheduler,
+    SetTensorParallel,
     StartScoring,
     StepOptimizer,
     TrainMicroBatch,
     step_record,
 )
-from rollpacker.core.errors import RollpackerError
+from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.metrics import Occupancy
 from rollpacker.core.protocols import (
     GenerationRequest,
@@ -209,6 +210,11 @@ class LiveBackend:
         return RequestFinished(result.request_id, n, result.finish_reason, now)
 
     # -- commands --------------------------------------------------------------------------------
+
+    def set_tensor_parallel(self, command: SetTensorParallel) -> None:
+        raise ConfigError(
+            f"the scheduler asks for rollout TP {command.tp}, but a live engine runs at the TP it was started "
+            "with: build the Scheduler without a TpRule (tp=None) for real runs")
 
     def launch(self, commands: Sequence[LaunchRequest]) -> None:
         requests = [self._generation_request(c) for c in commands]

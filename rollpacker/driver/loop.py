@@ -33,6 +33,7 @@ from rollpacker.core import (
     RewardScored,
     Scheduler,
     ScoreSample,
+    SetTensorParallel,
     StartScoring,
     StepOptimizer,
     TrainMicroBatch,
@@ -66,6 +67,9 @@ class Backend(Protocol):
 
     def begin_step(self, commands: Sequence[Command]) -> None:
         """A step starts; `commands` are its round's first (not yet executed)."""
+
+    def set_tensor_parallel(self, command: SetTensorParallel) -> None:
+        """Run the rollout at another TP from this round on (only a Scheduler given a TpRule asks)."""
 
     def launch(self, commands: Sequence[LaunchRequest]) -> None: ...
 
@@ -148,7 +152,9 @@ class Driver:
             self._run_one(commands[0])
 
     def _run_one(self, command) -> None:
-        if isinstance(command, ScoreSample):
+        if isinstance(command, SetTensorParallel):
+            self.backend.set_tensor_parallel(command)
+        elif isinstance(command, ScoreSample):
             self.backend.keep(command.sample)
             self.execute(self.sched.start_scoring(command.sample.request_id, self.clock.now()))
         elif isinstance(command, StartScoring):

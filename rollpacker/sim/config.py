@@ -6,11 +6,9 @@ import attrs
 from attrs import field, frozen
 from attrs.validators import in_
 
-from rollpacker.core import ConfigError, make_policy
+from rollpacker.core import TP_MODES, ConfigError, make_policy
 
 from .constants import MODELS
-
-TP_MODES = ("fixed", "plan", "online")
 
 
 def _positive(instance, attribute, value) -> None:

@@ -28,14 +28,15 @@ from rollpacker.core import (
     RequestFinished,
     RewardScored,
     Scheduler,
+    SetTensorParallel,
     StepOptimizer,
+    TpRule,
     TrainMicroBatch,
 )
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.records import PromptKey, Sample
 from rollpacker.core.reward_scheduler import RewardConfig, StartScoring
-from rollpacker.core.tp_planner import OnlineTP, feasible_tps, plan_tp
 from rollpacker.driver import DeadlinePassed, Driver, Input, ScorerAnswered, VirtualClock
 
 from .config import SimConfig
@@ -60,17 +61,19 @@ class Simulation:
                                       max_tokens=config.max_tokens, between=config.between, growth=config.growth)
         dataset = max(dataset, self.workload.num_prompts) if config.dataset_prompts is None else dataset
         self.workload.num_prompts = min(self.workload.num_prompts, dataset)
+        self.max_context = MAX_PROMPT_TOKENS + config.max_tokens
+        self.tp_rule = TpRule(mode=config.tp_mode, tp=config.tp, model=self.model, hardware=c.hardware, gpus=config.gpus,
+                              mem_fraction=c.engine.mem_fraction, max_context=self.max_context,
+                              prompt_tokens=tuple(self.workload.prompt_tokens(i) for i in range(self.workload.num_prompts)),
+                              unseen_length=self.workload.mean_length())
         self.sched = Scheduler(self.policy, num_prompts=self.workload.num_prompts, seed=config.seed,
                                batcher=BatcherConfig(),
                                rewards=RewardConfig(workers=c.reward.workers, t_min=c.reward.t_min,
-                                                    scale=c.reward.scale, t_max=c.reward.t_max))
+                                                    scale=c.reward.scale, t_max=c.reward.t_max),
+                               tp=self.tp_rule)
         self.reward_model = RewardModel(c.reward, config.seed)
         self.train_model = TrainModel(c.train, self.model, config.gpus, c.train.peak_flops)
         self.record_timeline = record_timeline
-        self.max_context = MAX_PROMPT_TOKENS + config.max_tokens
-        self.tp = config.tp
-        self.online = OnlineTP(tp=config.tp, max_tp=max(self._feasible() or [config.tp]),
-                               min_tp=min(self._feasible() or [config.tp]))
         self._build_instances(config.tp)
         self.clock = VirtualClock()
         self.driver = Driver(self.sched, self, self.clock)
@@ -98,10 +101,6 @@ class Simulation:
 
     # -- instances and TP -------------------------------------------------------------------------
 
-    def _feasible(self) -> list[int]:
-        return feasible_tps(self.model, self.constants.hardware, self.config.gpus,
-                            self.constants.engine.mem_fraction, self.max_context)
-
     def _build_instances(self, tp: int) -> None:
         e = self.constants.engine
         cost = CostModel(model=self.model, hardware=self.constants.hardware, tp=tp, mem_fraction=e.mem_fraction)
@@ -109,29 +108,12 @@ class Simulation:
             raise ConfigError(
                 f"{self.model.name} at TP{tp} leaves a KV pool of {max(cost.kv_capacity, 0)} tokens per "
                 f"instance, less than one request ({self.max_context} tokens of prompt + --max-tokens); "
-                f"raise --tp (feasible here: {self._feasible() or 'none'})"
+                f"raise --tp (feasible here: {self.tp_rule.feasible() or 'none'})"
             )
         self.tp = tp
         self.cost = cost
         self.instances = [Instance(i, cost, e.max_running, e.admit_watermark, spec=self.constants.spec)
                           for i in range(self.config.gpus // tp)]
-
-    def _choose_tp(self, launches: list[LaunchRequest]) -> int:
-        mode = self.config.tp_mode
-        if mode == "online":
-            return self.online.tp
-        if mode != "plan":
-            return self.tp
-        pool = self.sched.state.pool
-        mean = self.workload.mean_length()
-        lengths = []
-        for cmd in launches:
-            pred = pool.predict(cmd.prompt.index)
-            guess = pred.median if pred.count else mean
-            lengths.append(min(float(guess), cmd.max_new_tokens))
-        prompt = sum(self.workload.prompt_tokens(c.prompt.index) for c in launches) / max(len(launches), 1)
-        return plan_tp(self.model, self.constants.hardware, self.config.gpus, self.constants.engine.mem_fraction,
-                       lengths, prompt, self.max_context, candidates=tuple(self._feasible())).tp
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -144,14 +126,17 @@ class Simulation:
         return self.driver.run_step()
 
     def begin_step(self, commands: Sequence[Command]) -> None:
-        """Pick the step's TP (a switch costs `tp_switch_s`), then start its meter."""
         self.step_start = self.now
-        switch = 0.0
-        tp = self._choose_tp([c for c in commands if isinstance(c, LaunchRequest)])
-        if tp != self.tp:
-            self._build_instances(tp)
-            switch = self.constants.engine.tp_switch_s
-            self.clock.advance_to(self.now + switch)
+        self._start_meter(switch=0.0)
+
+    def set_tensor_parallel(self, command: SetTensorParallel) -> None:
+        """Rebuild the instances at the new TP before the round's launches; the switch costs `tp_switch_s`."""
+        self._build_instances(command.tp)
+        switch = self.constants.engine.tp_switch_s
+        self.clock.advance_to(self.now + switch)
+        self._start_meter(switch)
+
+    def _start_meter(self, switch: float) -> None:
         for inst in self.instances:
             inst.time = max(inst.time, self.now)
             inst.preemptions = inst.busy_s = inst.peak_running = 0
@@ -176,7 +161,7 @@ class Simulation:
         end = max(self.now, self.trainer_free) + self.constants.train.optimizer_s
         self.trainer_free = end
         record = self.meter.finish(self, self.step_start, end, ledger, pending)
-        self.online = self.online.observe(record["preemptions"])
+        self.sched.observe_preemptions(record["preemptions"])
         self.clock.advance_to(end)
         return record
 
