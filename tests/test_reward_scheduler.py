@@ -148,3 +148,23 @@ def test_scheduler_scores_every_kept_sample_once_by_the_cores_deadline(durations
     trained_or_pending = set(kept)
     assert set(answered) <= trained_or_pending and all(n == 1 for n in answered.values())
     assert sched.reward_state.anchor == anchor
+
+
+def test_adaptive_deadline_survives_a_checkpoint_restore():
+    """T_anchor is in the checkpoint: after a restart the deadline is still 1.5 x the slowest correct
+    answer, not back at t_max (a slow but correct scorer would otherwise be waited on for 30 s again)."""
+    import json
+
+    def build(checkpoint=None):
+        return Scheduler(make_policy("sync", prompts=1, samples=1, max_tokens=8), num_prompts=4,
+                         checkpoint=checkpoint)
+
+    sched = build()
+    rid = next(c for c in sched.begin_round() if isinstance(c, LaunchRequest)).request_id
+    kept = [c for c in sched.handle(RequestFinished(rid, 4, "stop", at=1.0)) if isinstance(c, ScoreSample)]
+    sched.start_scoring(kept[0].sample.request_id, at=1.0)
+    sched.scoring_finished(rid, 1.0, at=5.0)  # correct, ran 4 s
+    assert sched.reward_timeout == 6.0
+    restored = build(json.loads(json.dumps(sched.to_dict())))
+    assert restored.reward_timeout == 6.0
+    assert build().reward_timeout == 30.0

@@ -26,6 +26,8 @@ and, if it enforces deadlines by the core's clock, calls `expire_rewards` when t
 
 from __future__ import annotations
 
+import attrs
+
 from .commands import CloseGroup, Command, EndRound, LaunchRequest, ScoreSample, SetTensorParallel, StepOptimizer
 from .events import Event, RewardScored
 from .planner import Policy, RoundPlanner
@@ -45,11 +47,12 @@ class Scheduler:
         self.batcher = StreamBatcher(batcher)
         self.rewards = RewardScheduler(rewards)
         self.reward_state: RewardState = self.rewards.initial()
-        """Scoring in flight and T_anchor; not checkpointed (a restored step scores its samples again)."""
+        """Scoring in flight and T_anchor; a checkpoint keeps T_anchor (a restored step scores its samples again)."""
         if checkpoint is None:
             self.state: PlannerState = self.planner.initial(num_prompts, seed)
         else:
             self.state = self.planner.from_dict(checkpoint)
+            self.reward_state = attrs.evolve(self.reward_state, anchor=checkpoint.get("reward_anchor"))
         self.batch_state: BatcherState = self.batcher.initial(self.state.step)
         self._committed: PlannerState = self.state
         """Planner state as of the last optimizer step: what a checkpoint saves."""
@@ -153,4 +156,5 @@ class Scheduler:
         drawn again, none lost, none trained twice."""
         data = self.planner.to_dict(self._committed)
         data["next_request"] = self.state.next_request
+        data["reward_anchor"] = self.reward_state.anchor  # the adaptive reward deadline survives a restart
         return data

@@ -8,8 +8,9 @@ The simulator (`rollpacker.sim.Simulation`) is another Backend of the same Drive
 """
 
 from .clock import Clock, VirtualClock, WallClock
-from .live import Interval, LiveBackend, LoopConfig, PromptSource, StepLoop, StepTimeout
+from .live import Interval, LiveBackend, LoopConfig, PromptSource, StepLoop, StepTimeout, sync_weights
 from .loop import Backend, DeadlinePassed, Driver, Input, ScorerAnswered
 
 __all__ = ["Driver", "Backend", "Input", "ScorerAnswered", "DeadlinePassed", "Clock", "WallClock", "VirtualClock",
-           "LiveBackend", "StepLoop", "LoopConfig", "Interval", "PromptSource", "StepTimeout"]
+           "LiveBackend", "StepLoop", "LoopConfig", "Interval", "PromptSource", "StepTimeout",
+           "sync_weights"]

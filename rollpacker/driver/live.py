@@ -54,6 +54,15 @@ from .clock import Clock, WallClock
 from .loop import Driver, Input, ScorerAnswered
 
 
+def sync_weights(engine: RolloutEngine, trainer: Trainer, version: int) -> None:
+    """Give the trainer's weights to the engine as policy `version`: pause, update, resume (even on error)."""
+    engine.pause()
+    try:
+        engine.update_weights(trainer.export_weights(), version=version)
+    finally:
+        engine.resume()
+
+
 class StepTimeout(RollpackerError):
     """A step ran past its wall-clock limit (a stuck engine or scorer); names what was pending."""
 
@@ -286,11 +295,7 @@ class LiveBackend:
             log.step_stats = self.trainer.optimizer_step(command.loss_normalizer)
         log.optimizer_s = self.clock.now() - t
         t = self.clock.now()
-        self.engine.pause()
-        try:
-            self.engine.update_weights(self.trainer.export_weights(), version=command.step + 1)
-        finally:
-            self.engine.resume()
+        sync_weights(self.engine, self.trainer, version=command.step + 1)
         log.sync_s = self.clock.now() - t
         # the step is trained: only tokens that a later round resumes or trains are still needed
         self.tokens = {rid: r for rid, r in self.tokens.items() if rid in log.carried}
@@ -319,16 +324,12 @@ class LiveBackend:
         )
 
     def _response_ids(self, segments: Sequence[Segment]) -> tuple[int, ...]:
-        ids: list[int] = []
-        for seg in segments:
-            ids.extend(self.tokens[seg.request_id].token_ids[: seg.num_tokens])
-        return tuple(ids)
+        """The token ids of a sample (or a resumed prefix): its segments' requests' tokens, in order."""
+        return tuple(t for seg in segments for t in self.tokens[seg.request_id].token_ids[: seg.num_tokens])
 
     def _logprobs(self, segments: Sequence[Segment]) -> tuple[float, ...]:
-        out: list[float] = []
-        for seg in segments:
-            out.extend(self.tokens[seg.request_id].logprobs[: seg.num_tokens])
-        return tuple(out)
+        """The engine's log-probs of the same tokens."""
+        return tuple(x for seg in segments for x in self.tokens[seg.request_id].logprobs[: seg.num_tokens])
 
     # -- bookkeeping -----------------------------------------------------------------------------
 

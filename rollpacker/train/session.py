@@ -14,7 +14,7 @@ from pathlib import Path
 from rollpacker.core import BatcherConfig, Scheduler
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob
-from rollpacker.driver import LoopConfig, StepLoop
+from rollpacker.driver import LoopConfig, StepLoop, sync_weights
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
@@ -138,11 +138,7 @@ class Session:
         self.sync_weights()
 
     def sync_weights(self) -> None:
-        self.engine.pause()
-        try:
-            self.engine.update_weights(self.trainer.export_weights(), version=self.step)
-        finally:
-            self.engine.resume()
+        sync_weights(self.engine, self.trainer, version=self.step)
 
     def run_step(self) -> dict:
         record = self.loop.run_step()
