@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rollpacker.backends.errors import InvalidMicroBatch  # noqa: E402
 from rollpacker.backends.trainer.loss import (  # noqa: E402
-    InvalidMicroBatch,
     check_micro_batch,
     chunked_token_logprobs_and_entropy,
     grpo_token_loss,

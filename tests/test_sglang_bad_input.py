@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from sglang_helpers import SERVE_ARGS, collect, request, tiny_model
 
+from rollpacker.backends.errors import BackendProtocolError, ServerRejected, ServerUnavailable
 from rollpacker.backends.sglang.client import SGLangEngine
-from rollpacker.backends.sglang.codec import BackendProtocolError, ServerRejected, ServerUnavailable
 from rollpacker.backends.sglang.http import HttpConfig
 from rollpacker.backends.sglang.launch import free_port, launch_servers
 

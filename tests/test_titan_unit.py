@@ -15,7 +15,7 @@ pytest.importorskip("torchtitan")
 from test_grpo_loss import ok_sample  # noqa: E402
 from titan_tiny import make_tiny_checkpoint  # noqa: E402
 
-from rollpacker.backends.trainer.loss import InvalidMicroBatch  # noqa: E402
+from rollpacker.backends.errors import InvalidMicroBatch  # noqa: E402
 from rollpacker.backends.titan.config import TitanConfig  # noqa: E402
 from rollpacker.core.errors import ConfigError  # noqa: E402
 from rollpacker.core.protocols import MicroBatch  # noqa: E402

@@ -39,16 +39,13 @@ from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.embedded.speculation import SPEC_MAX_ROWS_CUDA, SpeculationStats, Speculator
 from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
-from rollpacker.core.errors import ConfigError, RollpackerError, SchedulerMisuse
+from rollpacker.backends.errors import EngineFailed
+from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 
 
 class UnknownRequest(SchedulerMisuse):
     """abort() named a request id this engine never received."""
-
-
-class EngineFailed(RollpackerError):
-    """The engine's decode thread died; the cause is chained."""
 
 
 class EmbeddedEngine:
@@ -220,8 +217,11 @@ class EmbeddedEngine:
         while not done.wait(0.1):
             if self._failure is not None or not self._thread.is_alive():
                 raise EngineFailed("the decode loop stopped before the weight update") from self._failure
-        if error:
+        if error and isinstance(error[0], EngineFailed):
             raise error[0]
+        if error:  # raised on the decode thread while copying the tensors into the model
+            raise EngineFailed(f"update_weights to version {version}: copying the weights into the model "
+                               f"failed ({type(error[0]).__name__}: {error[0]})") from error[0]
 
     def close(self) -> None:
         with self._cond:

@@ -15,6 +15,9 @@ reward and its other numeric keys are metrics, averaged over the step's "ok" out
 The deadline counts from when a worker starts the job; the wait before that is reported as
 `queue_s`.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
 `step_report()` returns the counts and queue latency since the previous call.
+
+If the dispatcher thread itself dies (a replacement worker cannot be started), the jobs it held end
+as "error" outcomes and `submit` and `poll` then raise `RewardExecutorFailed` with the cause chained.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import queue
 import signal
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -33,6 +37,7 @@ from typing import Any
 from attrs import define, field, frozen
 
 from rollpacker.backends._drain import drain
+from rollpacker.backends.errors import RewardExecutorFailed
 from rollpacker.backends.rewards.functions import split_result
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import RewardJob, RewardOutcome
@@ -152,6 +157,7 @@ class ProcessRewardExecutor:
         self._out: queue.Queue[RewardOutcome] = queue.Queue()
         self._stats = _Stats()
         self._is_closed = False
+        self._failure: BaseException | None = None  # why the dispatcher thread died
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         self._workers: list[_Worker] = [self._spawn() for _ in range(num_workers)]
         self._thread = threading.Thread(target=self._dispatch, name="rollpacker-rewards", daemon=True)
@@ -164,6 +170,7 @@ class ProcessRewardExecutor:
             raise ConfigError(f"job {job.request_id!r}: deadline_s must be > 0, got {job.deadline_s}")
         if self._check_task is not None:
             self._check_task(job.task)
+        self._check_dispatcher()
         with self._lock:
             if self._is_closed:
                 raise SchedulerMisuse("the reward executor is closed")
@@ -176,7 +183,15 @@ class ProcessRewardExecutor:
     def poll(self, timeout: float | None = None) -> list[RewardOutcome]:
         """Outcomes since the last poll; waits up to `timeout` for the first (None: until one
         arrives, or [] at once when nothing is in flight)."""
-        return drain(self._out, timeout, lambda: self.num_in_flight == 0)
+        outcomes = drain(self._out, timeout, lambda: self.num_in_flight == 0 or self._failure is not None)
+        if not outcomes:
+            self._check_dispatcher()
+        return outcomes
+
+    def _check_dispatcher(self) -> None:
+        if self._failure is not None:
+            raise RewardExecutorFailed("the reward executor's dispatcher thread died; no job is scored "
+                                       "any more") from self._failure
 
     def close(self) -> None:
         with self._lock:
@@ -218,19 +233,23 @@ class ProcessRewardExecutor:
     # -- dispatcher thread ------------------------------------------------------------------------
 
     def _spawn(self) -> _Worker:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(
-            target=_worker_main, args=(child, self._scorer, self._warmup), name="rollpacker-reward", daemon=True
-        )
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited through exec
         try:
-            proc.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            parent, child = self._ctx.Pipe()
+            proc = self._ctx.Process(
+                target=_worker_main, args=(child, self._scorer, self._warmup), name="rollpacker-reward", daemon=True
+            )
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited through exec
+            try:
+                proc.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        except OSError as exc:  # out of processes, memory or file descriptors
+            raise RewardExecutorFailed(f"could not start a reward worker process ({exc})") from exc
         child.close()
         return _Worker(proc, parent)
 
     def _dispatch(self) -> None:
+        failure = None
         try:
             while True:
                 with self._lock:
@@ -248,8 +267,12 @@ class ProcessRewardExecutor:
                     if w.conn in ready:
                         self._receive(w)
                 self._enforce_deadlines()
+        except BaseException as exc:  # surfaced by submit and poll, once every held job has its outcome
+            traceback.print_exc()
+            failure = exc
         finally:
             self._shutdown()
+            self._failure = failure
 
     def _assign(self) -> None:
         for w in self._workers:

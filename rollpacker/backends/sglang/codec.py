@@ -1,7 +1,7 @@
 """SGLang's native /generate wire format <-> rollpacker's generation records, both directions.
 
-The client (`sglang.py`) turns a `GenerationRequest` into a /generate body and folds the streamed
-chunks into a `GenerationResult`; the server (`serve.py`) turns an engine's results into the same
+The client (`client.py`) turns a `GenerationRequest` into a /generate body and folds the streamed
+chunks into a `GenerationResult`; the server (`server.py`) turns an engine's results into the same
 chunks.  The wire format lives only here.
 
 Request (one sample per request, never `n > 1`: SGLang would replace our rids):
@@ -31,27 +31,11 @@ from typing import Any
 
 from attrs import define, field
 
-from rollpacker.core.errors import RollpackerError
+from rollpacker.backends.errors import BackendProtocolError, ServerRejected
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 
 SSE_PREFIX = b"data: "
 SSE_DONE = b"[DONE]"
-
-
-class SGLangError(RollpackerError):
-    """Something went wrong talking to an SGLang(-compatible) server; the message names it."""
-
-
-class ServerUnavailable(SGLangError):
-    """A server did not answer (connection refused, timed out, died); the message names it."""
-
-
-class ServerRejected(SGLangError):
-    """A server answered with an HTTP error or `success: false`; the message names it."""
-
-
-class BackendProtocolError(SGLangError):
-    """A server answered something that is not SGLang's wire format; the message names it."""
 
 
 # -- client side: request body, stream folding ----------------------------------------------------

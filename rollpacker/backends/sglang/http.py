@@ -4,7 +4,8 @@ Control calls (health, model info, abort, pause, continue, weight updates, cache
 on connection errors and 503 a few times with a short backoff; /generate is opened once (it is not
 idempotent) and handed back as a response to stream from.  Every error is a `ServerUnavailable`
 (no answer), `ServerRejected` (an HTTP error or `success: false`) or `BackendProtocolError` (an
-answer that is not SGLang's format), and its message starts with the server's URL.
+answer that is not SGLang's format, or not even HTTP), and its message starts with the server's URL;
+`rollpacker.backends.errors` holds them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import aiohttp
 from attrs import frozen
 
-from rollpacker.backends.sglang.codec import BackendProtocolError, ServerRejected, ServerUnavailable
+from rollpacker.backends.errors import BackendProtocolError, ServerRejected, ServerUnavailable
 
 
 @frozen
@@ -54,7 +55,7 @@ class ServerClient:
                 await asyncio.sleep(cfg.backoff_s * 2 ** (attempt - 1))
             try:
                 async with self.session.request(method, self.url + path, json=body, timeout=timeout) as resp:
-                    text = await resp.text()
+                    text = await resp.text(errors="replace")
                     if resp.status == 503:
                         last = ServerUnavailable(f"server {self.url}: {path} answered 503 (not ready): {text[:200]}")
                         continue
@@ -69,6 +70,9 @@ class ServerClient:
                     if isinstance(data, dict) and data.get("success") is False:
                         raise ServerRejected(f"server {self.url}: {path} failed: {data.get('message')}")
                     return data
+            except aiohttp.ClientResponseError as exc:  # an answer aiohttp cannot parse as HTTP
+                raise BackendProtocolError(f"server {self.url}: {path} answered something that is not HTTP "
+                                           f"({exc.message})") from exc
             except _NETWORK_ERRORS as exc:
                 last = ServerUnavailable(f"server {self.url}: {path} unreachable ({type(exc).__name__}: {exc})")
         assert last is not None
@@ -131,7 +135,7 @@ class ServerClient:
         except _NETWORK_ERRORS as exc:
             raise ServerUnavailable(f"server {self.url}: /generate unreachable ({type(exc).__name__}: {exc})") from None
         if resp.status >= 400:
-            text = await resp.text()
+            text = await resp.text(errors="replace")
             resp.release()
             if resp.status >= 500:
                 raise ServerUnavailable(f"server {self.url}: /generate answered HTTP {resp.status}: {text[:300]}")

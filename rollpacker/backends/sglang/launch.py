@@ -27,7 +27,7 @@ from pathlib import Path
 
 from attrs import define, field
 
-from rollpacker.backends.sglang.codec import ServerUnavailable
+from rollpacker.backends.errors import ServerUnavailable
 from rollpacker.core.errors import ConfigError
 
 # Flags for SGLang on a machine without its optional kernels (the list), passed by the caller.

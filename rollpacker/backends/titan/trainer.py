@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from rollpacker.backends.titan import cpu as titan_cpu
-from rollpacker.backends.trainer.loss import InvalidMicroBatch, token_logprobs_and_entropy
+from rollpacker.backends.errors import InvalidMicroBatch
+from rollpacker.backends.trainer.loss import token_logprobs_and_entropy
 from rollpacker.backends.trainer.policy import PolicyTrainer, default_device, full_cpu, init_process_group, select_device
 from rollpacker.backends.titan.config import TitanConfig
 from rollpacker.backends.titan.model import apply_parallel_plan, expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights

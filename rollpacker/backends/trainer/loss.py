@@ -33,12 +33,8 @@ from typing import Any
 
 from attrs import frozen
 
-from rollpacker.core.errors import RollpackerError
+from rollpacker.backends.errors import InvalidMicroBatch
 from rollpacker.core.protocols import MicroBatch, TrainSample
-
-
-class InvalidMicroBatch(RollpackerError, ValueError):
-    """A micro-batch the trainer refuses; the message names the sample and field."""
 
 
 def check_micro_batch(batch: MicroBatch, *, vocab_size: int, max_seq_len: int) -> None:

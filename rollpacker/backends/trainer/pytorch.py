@@ -27,7 +27,8 @@ import torch
 from attrs import field, frozen
 
 from rollpacker.backends.titan import cpu as titan_cpu
-from rollpacker.backends.trainer.loss import InvalidMicroBatch, chunked_token_logprobs_and_entropy
+from rollpacker.backends.errors import InvalidMicroBatch
+from rollpacker.backends.trainer.loss import chunked_token_logprobs_and_entropy
 from rollpacker.backends.models import read_config_json
 from rollpacker.backends.trainer.policy import PolicyTrainer, default_device, full_cpu, init_process_group, select_device
 from rollpacker.backends.trainer.config import TrainerConfig

@@ -1,0 +1,193 @@
+"""The backend error family: every backend failure is a `BackendError`, and foreign exceptions
+(aiohttp, JSON and text decoding, a dead reward dispatcher) are translated where a backend crosses
+its I/O boundary, naming what failed.  The servers here are real loopback sockets and aiohttp apps
+answering what no SGLang server would; the reward executor runs real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import socket
+import threading
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+from sglang_helpers import request
+
+from rollpacker.backends import errors
+from rollpacker.backends.errors import (
+    BackendError,
+    BackendProtocolError,
+    EngineFailed,
+    InvalidMicroBatch,
+    RewardExecutorFailed,
+    SGLangError,
+    ServerRejected,
+    ServerUnavailable,
+)
+from rollpacker.backends.rewards.pool import ProcessRewardExecutor
+from rollpacker.backends.sglang.client import SGLangEngine
+from rollpacker.backends.sglang.http import HttpConfig
+from rollpacker.backends.sglang.launch import free_port
+from rollpacker.core.errors import ConfigError, RollpackerError, SchedulerMisuse
+from rollpacker.core.protocols import RewardJob
+
+FAST = HttpConfig(connect_timeout_s=1.0, control_timeout_s=2.0, retries=2, backoff_s=0.05)
+FAMILY = (SGLangError, ServerUnavailable, ServerRejected, BackendProtocolError, EngineFailed,
+          RewardExecutorFailed, InvalidMicroBatch)
+
+
+def test_every_backend_error_is_one_family():
+    assert sorted(errors.__all__) == sorted(["BackendError", *(c.__name__ for c in FAMILY)])
+    for cls in FAMILY:
+        assert issubclass(cls, BackendError) and issubclass(cls, RollpackerError), cls
+    assert issubclass(InvalidMicroBatch, ValueError)
+    assert all(issubclass(c, SGLangError) for c in (ServerUnavailable, ServerRejected, BackendProtocolError))
+    assert not issubclass(ConfigError, BackendError) and not issubclass(SchedulerMisuse, BackendError)
+
+
+class _RawServer:
+    """A loopback TCP server that answers every connection with `payload` and hangs up."""
+
+    def __init__(self, payload: bytes) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._payload = payload
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self._payload)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_server_is_a_backend_error_naming_it():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(BackendError, match=url) as info:
+        SGLangEngine([url], http=FAST, start_timeout_s=10)
+    assert isinstance(info.value, ServerUnavailable)
+
+
+@pytest.mark.timeout(30)
+def test_an_answer_that_is_not_http_is_a_protocol_error_naming_the_server():
+    garbage = _RawServer(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+    try:
+        with pytest.raises(BackendError, match=f"server {garbage.url}: /health answered something that is not HTTP") as info:
+            SGLangEngine([garbage.url], http=FAST, start_timeout_s=10)
+        assert isinstance(info.value, BackendProtocolError)
+        assert isinstance(info.value.__cause__, aiohttp.ClientResponseError)  # translated, cause kept
+    finally:
+        garbage.close()
+
+
+@pytest.mark.timeout(30)
+def test_an_answer_that_is_not_utf8_is_a_protocol_error_naming_the_server():
+    body = b"\xff\xfe{\x80}"
+    latin = _RawServer(b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+                       b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    try:
+        with pytest.raises(BackendProtocolError, match=f"server {latin.url}: /get_model_info answered non-JSON"):
+            SGLangEngine([latin.url], http=FAST, start_timeout_s=10)
+    finally:
+        latin.close()
+
+
+class _App:
+    """A loopback aiohttp app in a thread."""
+
+    def __init__(self, routes) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.add_routes(routes)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+async def _ok(request):
+    return web.Response(status=200)
+
+
+async def _info(request):
+    return web.json_response({"model_path": "m"})
+
+
+@pytest.mark.timeout(30)
+def test_a_stream_line_past_aiohttp_limit_is_raised_by_poll_not_lost():
+    async def endless_line(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"data: " + b"7" * (2 * 1024 * 1024))  # no newline: past the 512 KiB line limit
+        await asyncio.sleep(3600)
+        return resp
+
+    app = _App([web.get("/health", _ok), web.get("/get_model_info", _info), web.post("/generate", endless_line)])
+    try:
+        with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=5) as eng:
+            eng.submit([request(7)])
+            with pytest.raises(BackendError, match=f"server {app.url}: /generate rid=rp000000000007 sent an unreadable"):
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline:
+                    eng.poll(0.2)
+            results = eng.poll(1.0)  # its one result still comes, as an abort
+            assert [r.finish_reason for r in results if hasattr(r, "finish_reason")] == ["abort"]
+    finally:
+        app.close()
+
+
+def hang(task, entry, response):
+    time.sleep(3600)
+
+
+@pytest.mark.timeout(90)
+def test_reward_dispatcher_that_cannot_replace_a_worker_fails_loudly():
+    """A worker killed at its deadline needs a replacement; with no file descriptor left for its
+    pipe the dispatcher dies, and submit/poll say so instead of waiting forever."""
+    executor = ProcessRewardExecutor(1, scorer=hang, warmup=None)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        executor.submit(RewardJob("rp000000000001", "t", None, "r", deadline_s=0.5))
+        time.sleep(0.2)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), hard))
+        outcomes, deadline = [], time.monotonic() + 30
+        with pytest.raises(RewardExecutorFailed, match="dispatcher thread died") as info:
+            while time.monotonic() < deadline:
+                outcomes += executor.poll(0.5)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert isinstance(info.value, BackendError)
+        assert "could not start a reward worker process" in str(info.value.__cause__)
+        assert [(o.request_id, o.status) for o in outcomes] == [("rp000000000001", "timeout")]
+        with pytest.raises(RewardExecutorFailed):
+            executor.submit(RewardJob("rp000000000002", "t", None, "r", deadline_s=0.5))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        executor.close()
