@@ -46,6 +46,8 @@ def test_a_scorer_past_the_adaptive_deadline_is_a_timeout_with_reward_0():
     assert by_k == {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}, "request 2 (GOOD but slow) timed out: reward 0"
     assert report.num_timed_out == 1 and report.num_scored == 3
     assert record["reward_failures"] == 1
+    # one worker: request 3 waited in the core's queue behind request 2 until its 0.5 s deadline
+    assert 0.4 <= record["reward_wait_s_max"] < SLOW_S and record["reward_wait_s_mean"] > 0
     assert sched.reward_timeout == 0.5, "the fast correct answer set T to its floor"
     assert elapsed < SLOW_S + 3.0, "the slow scorer was cut at its deadline, not waited for"
 

@@ -168,3 +168,12 @@ def test_adaptive_deadline_survives_a_checkpoint_restore():
     restored = build(json.loads(json.dumps(sched.to_dict())))
     assert restored.reward_timeout == 6.0
     assert build().reward_timeout == 30.0
+
+
+def test_start_scoring_says_how_long_the_sample_waited_for_a_worker():
+    sched = RewardScheduler(RewardConfig(workers=1))
+    state, first = sched.submit(sched.initial(), request_id(0), at=1.0)
+    state, queued = sched.submit(state, request_id(1), at=2.0)
+    assert [s.queued_s for s in starts(first)] == [0.0] and not starts(queued)
+    state, out = sched.finished(state, request_id(0), 1.0, True, at=5.5)
+    assert [(s.request_id, s.queued_s) for s in starts(out)] == [(request_id(1), 3.5)]

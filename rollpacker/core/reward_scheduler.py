@@ -60,12 +60,14 @@ class StartScoring:
     request_id: str
     deadline: float
     timeout: float
+    queued_s: float = 0.0
+    """How long the sample waited for a worker (since `start_scoring`)."""
 
 
 @frozen
 class RewardState:
     queue: Map = field(factory=Map)
-    """arrival ticket -> request id, waiting for a worker."""
+    """arrival ticket -> (request id, arrival time), waiting for a worker."""
     head: int = 0
     tail: int = 0
     running: Map = field(factory=Map)
@@ -94,7 +96,7 @@ class RewardScheduler:
         return RewardState()
 
     def submit(self, state: RewardState, request_id: str, at: float) -> tuple[RewardState, list]:
-        state = attrs.evolve(state, queue=state.queue.set(state.tail, request_id), tail=state.tail + 1)
+        state = attrs.evolve(state, queue=state.queue.set(state.tail, (request_id, at)), tail=state.tail + 1)
         return self._start(state, at, [])
 
     def finished(self, state: RewardState, request_id: str, reward: float, correct: bool, at: float,
@@ -132,12 +134,12 @@ class RewardScheduler:
         queue, head, running = state.queue, state.head, state.running
         timeout = self.config.timeout(state.anchor)
         while head < state.tail and len(running) < self.config.workers:
-            rid = queue[head]
+            rid, arrived = queue[head]
             queue = queue.delete(head)
             head += 1
             number = request_number(rid)
             if number in running:
                 raise SchedulerMisuse(f"reward scheduler: {rid} submitted twice")
             running = running.set(number, (rid, at, at + timeout))
-            out.append(StartScoring(rid, at + timeout, timeout))
+            out.append(StartScoring(rid, at + timeout, timeout, at - arrived))
         return attrs.evolve(state, queue=queue, head=head, running=running), out

@@ -128,6 +128,7 @@ class _StepLog:
     kept: set[str] = field(factory=set)
     rewards: dict[str, float] = field(factory=dict)
     failed_rewards: int = 0
+    reward_waits: list[float] = field(factory=list)
     trained_rewards: list[float] = field(factory=list)
     groups: list[tuple[str, ...]] = field(factory=list)
     trained: tuple = ()
@@ -249,6 +250,7 @@ class LiveBackend:
 
     def start_scoring(self, command: StartScoring) -> None:
         """Send the job to the executor with the core's deadline for it."""
+        self._log.reward_waits.append(command.queued_s)
         self.rewards.submit(attrs.evolve(self._reward_jobs.pop(command.request_id), deadline_s=command.timeout))
 
     def scored(self, event: RewardScored) -> None:
@@ -365,6 +367,8 @@ class LiveBackend:
             bubble_ratio=bubble,
             mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
             reward_failures=log.failed_rewards,
+            reward_wait_s_mean=sum(log.reward_waits) / len(log.reward_waits) if log.reward_waits else 0.0,
+            reward_wait_s_max=max(log.reward_waits, default=0.0),
             nonzero_variance_groups=sum(1 for s in spreads if s > 0) / len(spreads) if spreads else 0.0,
             loss=loss_sum / tokens if tokens else 0.0,
             trained=[str(k) for k in log.trained],
