@@ -127,12 +127,25 @@ def test_loop_forwards_aborts_and_never_trains_an_aborted_response():
     assert [c[0] for c in calls[-3:]] == ["pause", "update_weights", "resume"]
 
 
+class InterleavedEngine(ScriptedEngine):
+    """Answers every group's first request, then every group's second, ...: when the round ends, a
+    group that is not complete has samples already scored."""
+
+    def submit(self, requests) -> None:
+        super().submit(requests)
+        seen: dict = {}
+        rank = {}
+        for r in requests:
+            rank[r.request_id] = seen[r.group] = seen.get(r.group, -1) + 1
+        self.queue.sort(key=lambda res: rank.get(res.request_id, -1))
+
+
 def test_timeline_kept_tokens_are_the_trained_ones():
     """A sample scored but not trained (its prompt deferred, or carried) is not drawn as kept."""
     for policy in (make_policy("tail", prompts=2, samples=2, max_tokens=8),
                    make_policy("partial", prompts=2, samples=2, max_tokens=8)):
         calls = []
-        engine = ScriptedEngine(calls)
+        engine = InterleavedEngine(calls)
         sched = Scheduler(policy, num_prompts=4, batcher=BatcherConfig(token_budget=1))
         loop = StepLoop(sched, engine, ScriptedRewards(), RecordingTrainer(calls, engine), Prompts())
         record = loop.run_step()
@@ -140,3 +153,5 @@ def test_timeline_kept_tokens_are_the_trained_ones():
         assert sum(i.num_tokens for i in intervals if i.outcome == "kept") == record["kept_tokens"]
         assert all(i.is_trained for i in intervals if i.outcome == "kept")
         assert not any(i.is_trained for i in intervals if i.outcome in ("wasted", "carried", "aborted"))
+        scored_untrained = [i for i in intervals if i.reward is not None and not i.is_trained]
+        assert scored_untrained, "the case under test: a sample scored in this step but not trained"
