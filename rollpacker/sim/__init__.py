@@ -1,5 +1,5 @@
 """rollpacker.sim: a discrete-event simulator of RL rollout, reward and training on many GPUs,
-driven by real length data and a stated latency model, running the same core as real engines.
+driven by real length data and a stated latency model: a backend of the same driver and core as real engines.
 
     from rollpacker.sim import SimConfig, Simulation
     result = Simulation(SimConfig(policy="tail", max_tokens=32768, model="qwen2.5-32b",
