@@ -30,10 +30,12 @@ from rollpacker.backends.errors import (
 )
 from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 from rollpacker.backends.sglang.client import SGLangEngine
+from rollpacker.backends.sglang.codec import result_chunk, sse
 from rollpacker.backends.sglang.http import HttpConfig
+from rollpacker.backends.sglang.pool import MAX_STREAM_LINE
 from rollpacker.backends.sglang.launch import free_port
 from rollpacker.core.errors import ConfigError, RollpackerError, SchedulerMisuse
-from rollpacker.core.protocols import RewardJob
+from rollpacker.core.protocols import GenerationResult, RewardJob
 
 FAST = HttpConfig(connect_timeout_s=1.0, control_timeout_s=2.0, retries=2, backoff_s=0.05)
 FAMILY = (SGLangError, ServerUnavailable, ServerRejected, BackendProtocolError, EngineFailed,
@@ -141,12 +143,41 @@ async def _info(request):
     return web.json_response({"model_path": "m"})
 
 
-@pytest.mark.timeout(30)
-def test_a_stream_line_past_aiohttp_limit_is_raised_by_poll_not_lost():
+@pytest.mark.timeout(60)
+def test_a_32k_token_response_streamed_cumulatively_is_read_whole():
+    """SGLang's default stream repeats every output id and log-prob in each line: a 40k-token
+    response is a 1.3 MB line, past aiohttp's default line limit; it must come back whole."""
+    n = 40_000
+    final = result_chunk(GenerationResult("rp000000000007", tuple(range(n)), (-0.25,) * n, "length", 3, 0.0),
+                         prompt_tokens=3, latency_s=1.0, max_new_tokens=n)
+
+    async def long_answer(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(sse(final) + sse(None))
+        return resp
+
+    app = _App([web.get("/health", _ok), web.get("/get_model_info", _info), web.post("/generate", long_answer)])
+    assert len(sse(final)) > 1_000_000
+    try:
+        with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=5) as eng:
+            eng.submit([request(7)])
+            results: list = []
+            deadline = time.monotonic() + 30
+            while not results and time.monotonic() < deadline:
+                results = [r for r in eng.poll(0.2) if isinstance(r, GenerationResult)]
+        assert len(results) == 1 and results[0].finish_reason == "length"
+        assert results[0].token_ids == tuple(range(n)) and results[0].logprobs == (-0.25,) * n
+    finally:
+        app.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_line_past_the_line_limit_is_raised_by_poll_not_lost():
     async def endless_line(request):
         resp = web.StreamResponse()
         await resp.prepare(request)
-        await resp.write(b"data: " + b"7" * (2 * 1024 * 1024))  # no newline: past the 512 KiB line limit
+        await resp.write(b"data: " + b"7" * (MAX_STREAM_LINE + 1024))  # no newline: a broken server
         await asyncio.sleep(3600)
         return resp
 
@@ -155,7 +186,7 @@ def test_a_stream_line_past_aiohttp_limit_is_raised_by_poll_not_lost():
         with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=5) as eng:
             eng.submit([request(7)])
             with pytest.raises(BackendError, match=f"server {app.url}: /generate rid=rp000000000007 sent an unreadable"):
-                deadline = time.monotonic() + 15
+                deadline = time.monotonic() + 30
                 while time.monotonic() < deadline:
                     eng.poll(0.2)
             results = eng.poll(1.0)  # its one result still comes, as an abort

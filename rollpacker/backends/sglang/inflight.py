@@ -116,7 +116,7 @@ class InflightRequests:
                 if not self._is_paused():  # silent while running: is the server still there?
                     await server.client.health(retries=1)
                 continue
-            except HttpProcessingError as exc:  # aiohttp's own (a line past its buffer limit)
+            except (HttpProcessingError, ValueError) as exc:  # a line past MAX_STREAM_LINE: a broken server
                 raise BackendProtocolError(f"server {server.url}: /generate rid={inf.request.request_id} "
                                            f"sent an unreadable stream line ({exc})") from exc
             if not line:

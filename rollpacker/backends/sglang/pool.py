@@ -25,6 +25,11 @@ from rollpacker.backends.sglang.http import HttpConfig, ServerClient
 
 log = logging.getLogger(__name__)
 
+MAX_STREAM_LINE = 64 * 1024 * 1024
+"""Longest stream line read.  SGLang streams a request's output ids and log-probs cumulatively by
+default, about 30 bytes per token in every line: past aiohttp's default line limit (512 KiB) at
+about 16k tokens, 1 MB at 32k; 64 MiB holds two million tokens."""
+
 
 @define(eq=False)
 class PooledServer:
@@ -161,6 +166,7 @@ class ServerPool:
                      capacity_per_server: int | None) -> list[PooledServer]:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            read_bufsize=MAX_STREAM_LINE // 2,  # aiohttp reads lines of up to twice this
             timeout=aiohttp.ClientTimeout(total=None, connect=self.http.connect_timeout_s),
         )
         servers = [PooledServer(ServerClient(u, self._session, self.http)) for u in urls]
