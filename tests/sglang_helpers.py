@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
 import pytest
+from aiohttp import web
 
 from rollpacker.core import (
     AbortRequest,
@@ -18,6 +21,7 @@ from rollpacker.core import (
     StepOptimizer,
     TokensGenerated,
 )
+from rollpacker.backends.sglang.launch import free_port
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 
 SERVE_ARGS = ("--ignore-eos", "--capacity", "8", "--progress-every", "2")
@@ -109,3 +113,46 @@ def drive_one_step(engine, scheduler: Scheduler, on_progress=None, timeout_s: fl
 
 def _now(started: float) -> float:
     return time.monotonic() - started
+
+
+class LoopbackApp:
+    """A loopback aiohttp app in a thread, for answers no real server gives."""
+
+    def __init__(self, routes) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.add_routes(routes)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+async def answer_ok(request):
+    return web.Response(status=200)
+
+
+async def answer_model_info(request):
+    return web.json_response({"model_path": "m"})
+
+
+def fake_sglang(generate) -> LoopbackApp:
+    """A loopback server that passes the client's start checks and answers /generate with `generate`."""
+    return LoopbackApp([web.get("/health", answer_ok), web.get("/get_model_info", answer_model_info),
+                        web.post("/generate", generate)])

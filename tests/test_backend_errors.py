@@ -15,7 +15,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from sglang_helpers import request
+from sglang_helpers import LoopbackApp, answer_ok, fake_sglang, request
 
 from rollpacker.backends import errors
 from rollpacker.backends.errors import (
@@ -106,43 +106,6 @@ def test_an_answer_that_is_not_utf8_is_a_protocol_error_naming_the_server():
         latin.close()
 
 
-class _App:
-    """A loopback aiohttp app in a thread."""
-
-    def __init__(self, routes) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        app = web.Application()
-        app.add_routes(routes)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(self._runner.setup())
-            self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        assert ready.wait(10)
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-
-
-async def _ok(request):
-    return web.Response(status=200)
-
-
-async def _info(request):
-    return web.json_response({"model_path": "m"})
-
-
 @pytest.mark.timeout(60)
 def test_a_32k_token_response_streamed_cumulatively_is_read_whole():
     """SGLang's default stream repeats every output id and log-prob in each line: a 40k-token
@@ -157,7 +120,7 @@ def test_a_32k_token_response_streamed_cumulatively_is_read_whole():
         await resp.write(sse(final) + sse(None))
         return resp
 
-    app = _App([web.get("/health", _ok), web.get("/get_model_info", _info), web.post("/generate", long_answer)])
+    app = fake_sglang(long_answer)
     assert len(sse(final)) > 1_000_000
     try:
         with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=5) as eng:
@@ -181,7 +144,7 @@ def test_a_stream_line_past_the_line_limit_is_raised_by_poll_not_lost():
         await asyncio.sleep(3600)
         return resp
 
-    app = _App([web.get("/health", _ok), web.get("/get_model_info", _info), web.post("/generate", endless_line)])
+    app = fake_sglang(endless_line)
     try:
         with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=5) as eng:
             eng.submit([request(7)])

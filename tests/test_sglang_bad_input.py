@@ -5,12 +5,11 @@ The malformed and silent servers are small aiohttp apps in this process (loopbac
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
 from aiohttp import web
-from sglang_helpers import SERVE_ARGS, collect, request, tiny_model
+from sglang_helpers import SERVE_ARGS, LoopbackApp, answer_ok, collect, fake_sglang, request, tiny_model
 
 from rollpacker.backends.errors import BackendProtocolError, ServerRejected, ServerUnavailable
 from rollpacker.backends.sglang.client import SGLangEngine
@@ -25,43 +24,6 @@ def server():
     model = tiny_model()
     with launch_servers(model, num_servers=1, kind="rollpacker", extra_args=SERVE_ARGS, timeout_s=90) as group:
         yield group.urls[0], model
-
-
-class _App:
-    """A loopback aiohttp app in a thread, for answers no real server gives."""
-
-    def __init__(self, routes) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        app = web.Application()
-        app.add_routes(routes)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(self._runner.setup())
-            self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        assert ready.wait(10)
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-
-
-async def _ok(request):
-    return web.Response(status=200)
-
-
-async def _info(request):
-    return web.json_response({"model_path": "m"})
 
 
 @pytest.mark.timeout(30)
@@ -110,8 +72,8 @@ def test_malformed_answers_name_the_server():
     async def not_json(request):
         return web.Response(text="<html>nginx</html>")
 
-    app = _App([web.get("/health", _ok), web.get("/get_model_info", _info), web.post("/generate", bad_generate)])
-    broken_info = _App([web.get("/health", _ok), web.get("/get_model_info", not_json)])
+    app = fake_sglang(bad_generate)
+    broken_info = LoopbackApp([web.get("/health", answer_ok), web.get("/get_model_info", not_json)])
     try:
         with pytest.raises(BackendProtocolError, match=f"server {broken_info.url}: /get_model_info answered non-JSON"):
             SGLangEngine([broken_info.url], http=FAST)
@@ -132,7 +94,7 @@ def test_silent_server_never_hangs_poll_or_close():
     async def silent_generate(request):
         await asyncio.sleep(3600)
 
-    app = _App([web.get("/health", _ok), web.get("/get_model_info", _info), web.post("/generate", silent_generate)])
+    app = fake_sglang(silent_generate)
     try:
         eng = SGLangEngine([app.url], http=FAST, stall_timeout_s=0.5)
         eng.submit([request(4)])
