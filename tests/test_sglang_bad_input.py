@@ -9,12 +9,13 @@ import time
 
 import pytest
 from aiohttp import web
-from sglang_helpers import SERVE_ARGS, LoopbackApp, answer_ok, collect, fake_sglang, request, tiny_model
+from sglang_helpers import (SERVE_ARGS, LoopbackApp, answer_model_info, answer_ok, collect, fake_sglang, request,
+                            tiny_model)
 
 from rollpacker.backends.errors import BackendProtocolError, ServerRejected, ServerUnavailable
 from rollpacker.backends.sglang.client import SGLangEngine
 from rollpacker.backends.sglang.http import HttpConfig
-from rollpacker.backends.sglang.launch import free_port, launch_servers
+from rollpacker.backends.sglang.launch import free_port, launch_servers, server_command
 
 FAST = HttpConfig(connect_timeout_s=1.0, control_timeout_s=2.0, retries=2, backoff_s=0.05)
 
@@ -114,3 +115,27 @@ def test_all_servers_dead_raises_naming_them(server):
     group_url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ServerUnavailable, match=group_url):
         SGLangEngine([server[0], group_url], http=FAST)  # one bad URL fails the whole attach
+
+
+def test_launched_sglang_streams_only_new_tokens_unless_told_otherwise():
+    cmd = server_command("sglang", "m", "127.0.0.1", 1, 1, ())
+    assert "--incremental-streaming-output" in cmd and cmd[cmd.index("--stream-interval") + 1] == "16"
+    mine = server_command("sglang", "m", "127.0.0.1", 1, 1, ("--stream-interval=1",))
+    assert "--stream-interval" not in mine and mine[-1] == "--stream-interval=1"
+    assert "--incremental-streaming-output" not in server_command("rollpacker", "m", "127.0.0.1", 1, 1, ())
+
+
+@pytest.mark.timeout(30)
+def test_a_server_that_streams_cumulatively_is_named_in_a_warning(caplog):
+    async def settings(request):
+        return web.json_response({"incremental_streaming_output": False, "max_running_requests": 7})
+
+    app = LoopbackApp([web.get("/health", answer_ok), web.get("/get_model_info", answer_model_info),
+                       web.get("/get_server_info", settings)])
+    try:
+        with caplog.at_level("WARNING"), SGLangEngine([app.url], http=FAST) as eng:
+            assert eng.capacity == 7
+        assert any(app.url in r.getMessage() and "--incremental-streaming-output" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        app.close()

@@ -87,14 +87,13 @@ class ServerClient:
             raise BackendProtocolError(f"server {self.url}: /get_model_info has no model_path: {str(info)[:200]}")
         return info
 
-    async def max_running_requests(self) -> int | None:
-        """The server's running-batch limit if it reports one (SGLang: server args)."""
+    async def server_info(self) -> dict:
+        """The server's settings (SGLang: its server args), or {} if it does not report them."""
         try:
             info = await self.call("GET", "/get_server_info", retries=1)
         except (ServerRejected, BackendProtocolError):
-            return None
-        value = info.get("max_running_requests") if isinstance(info, dict) else None
-        return value if isinstance(value, int) and value > 0 else None
+            return {}
+        return info if isinstance(info, dict) else {}
 
     async def abort(self, rid: str) -> None:
         await self.call("POST", "/abort_request", {"rid": rid}, expect_json=False)

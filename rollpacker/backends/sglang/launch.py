@@ -100,16 +100,29 @@ def attach(urls: Iterable[str], *, timeout_s: float = 30.0) -> ServerGroup:
     return group
 
 
+STREAM_ARGS = {"--incremental-streaming-output": (), "--stream-interval": ("16",)}
+"""How the SGLang servers we launch stream (unless `extra_args` sets the flag): each chunk carries only
+the new tokens and log-probs (SGLang's default repeats all so far in every chunk: quadratic in the
+response length), every 16 tokens (the client needs a stream for liveness and partial tokens on an
+abort, not every token)."""
+
+
 def server_command(kind: str, model: str, host: str, port: int, tp_size: int, extra_args: Sequence[str]) -> list[str]:
     if kind == "sglang":
+        stream = [part for flag, value in STREAM_ARGS.items() if not _has_flag(extra_args, flag)
+                  for part in (flag, *value)]
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--tp-size", str(tp_size),
-                "--host", host, "--port", str(port), *extra_args]
+                "--host", host, "--port", str(port), *stream, *extra_args]
     if kind == "rollpacker":
         if tp_size != 1:
             raise ConfigError(f"rollpacker serve runs on CPU with tp_size=1, got tp_size={tp_size}")
         return [sys.executable, "-m", "rollpacker.cli", "serve", "--model", model, "--host", host,
                 "--port", str(port), *extra_args]
     raise ConfigError(f"kind must be 'sglang' or 'rollpacker', got {kind!r}")
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
 def launch_servers(model: str, *, num_servers: int = 1, tp_size: int = 1, kind: str = "sglang",

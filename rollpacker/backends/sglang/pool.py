@@ -177,7 +177,13 @@ class ServerPool:
             if expected_model is not None and not _same_model(expected_model, str(info["model_path"])):
                 raise ServerRejected(
                     f"server {server.url} serves model {info['model_path']!r}, not the expected {expected_model!r}")
-            server.capacity = capacity_per_server or await server.client.max_running_requests() or 64
+            settings = await server.client.server_info()
+            limit = settings.get("max_running_requests")
+            server.capacity = capacity_per_server or (limit if isinstance(limit, int) and limit > 0 else 64)
+            if settings.get("incremental_streaming_output") is False:
+                log.warning("server %s streams cumulative output (SGLang's default): every chunk repeats all the "
+                            "tokens and log-probs so far, quadratic in the response length; start it with "
+                            "--incremental-streaming-output (launch_servers does)", server.url)
 
         try:
             await asyncio.gather(*(check(s) for s in servers))
