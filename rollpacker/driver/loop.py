@@ -16,6 +16,7 @@ included) goes to the backend, whose answers come back through `wait` as `Scorer
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -133,23 +134,14 @@ class Driver:
 
     def execute(self, commands: Sequence) -> None:
         """Run the commands in order; consecutive launches (and aborts) go to the backend as one call."""
-        i = 0
-        while i < len(commands):
-            kind = type(commands[i])
-            j = i + 1
-            if kind in (LaunchRequest, AbortRequest):
-                while j < len(commands) and type(commands[j]) is kind:
-                    j += 1
-            self._run(kind, commands[i:j])
-            i = j
-
-    def _run(self, kind: type, commands: Sequence) -> None:
-        if kind is LaunchRequest:
-            self.backend.launch(commands)
-        elif kind is AbortRequest:
-            self.backend.abort([c.request_id for c in commands])
-        else:
-            self._run_one(commands[0])
+        for kind, run in itertools.groupby(commands, key=type):
+            if kind is LaunchRequest:
+                self.backend.launch(list(run))
+            elif kind is AbortRequest:
+                self.backend.abort([c.request_id for c in run])
+            else:
+                for command in run:
+                    self._run_one(command)
 
     def _run_one(self, command) -> None:
         if isinstance(command, SetTensorParallel):
