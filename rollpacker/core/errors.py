@@ -3,8 +3,8 @@
 `ConfigError` is bad input at a constructor boundary; `SchedulerMisuse` is a driver that fed an
 event the state machine cannot accept (unknown or duplicate request id, a reward for a sample that
 was never kept).  Both are `ValueError`s and name the field or request they are about.  A backend
-that fails or answers wrongly raises a `rollpacker.backends.errors.BackendError` (defined there:
-the core does not import backends).
+that fails or answers wrongly raises a `BackendError`, a `RollpackerError` defined with the backends
+(the core imports none of them).
 """
 
 

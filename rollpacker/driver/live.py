@@ -15,10 +15,10 @@ the new weights go to the engine: pause, update, resume.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
-from attrs import define, field, frozen
+from attrs import frozen
 
 from rollpacker.core import (
     CloseGroup,
@@ -37,7 +37,6 @@ from rollpacker.core import (
     step_record,
 )
 from rollpacker.core.errors import ConfigError, RollpackerError
-from rollpacker.core.metrics import Occupancy
 from rollpacker.core.protocols import (
     GenerationRequest,
     GenerationResult,
@@ -52,6 +51,7 @@ from rollpacker.core.records import PromptKey, Sample, Segment, request_number
 
 from .clock import Clock, WallClock
 from .loop import Driver, Input, ScorerAnswered
+from .step_log import Interval, StepLog
 
 
 def sync_weights(engine: RolloutEngine, trainer: Trainer, version: int) -> None:
@@ -93,56 +93,6 @@ class LoopConfig:
     """Fail a step that runs longer than this (None: no limit)."""
 
 
-@define
-class Interval:
-    """One request on the timeline of a step (seconds from the step's start)."""
-
-    request_id: str
-    start: float
-    end: float | None = None
-    outcome: str = "running"
-    """"kept" (scored; at the step's end only if trained), "carried" (trained in a later step), "aborted", or
-    "wasted" (finished but not trained)."""
-    prompt: int = -1
-    """Dataset index of its prompt."""
-    num_tokens: int = 0
-    finish_reason: str = ""
-    """The engine's: "stop", "length" or "abort" (empty while running)."""
-    request: GenerationRequest | None = None
-    """What the engine was asked (prompt and resumed ids, seed, max tokens): enough to generate it again."""
-    resumes: tuple[str, ...] = ()
-    """Ids of the requests whose tokens it continues (partial rollout), oldest first."""
-    token_ids: tuple[int, ...] = ()
-    """The tokens it generated (this request's own, without the resumed ones)."""
-    reward: float | None = None
-    """Its sample's reward, if it was kept and scored (0.0 when the scorer failed)."""
-    is_trained: bool = False
-    """Its sample went into a micro-batch (in this step or, carried, in a later one)."""
-
-
-@define
-class _StepLog:
-    start: float
-    occupancy: Occupancy = field(factory=Occupancy)
-    intervals: dict[str, Interval] = field(factory=dict)
-    kept: set[str] = field(factory=set)
-    rewards: dict[str, float] = field(factory=dict)
-    failed_rewards: int = 0
-    reward_waits: list[float] = field(factory=list)
-    trained_rewards: list[float] = field(factory=list)
-    groups: list[tuple[str, ...]] = field(factory=list)
-    trained: tuple = ()
-    carried: frozenset[str] = frozenset()
-    round_end: float | None = None
-    report: Any = None
-    train_s: float = 0.0
-    hidden_train_s: float = 0.0
-    optimizer_s: float = 0.0
-    sync_s: float = 0.0
-    train_stats: list = field(factory=list)
-    step_stats: Any = None
-
-
 class LiveBackend:
     def __init__(self, scheduler: Scheduler, engine: RolloutEngine, rewards: RewardExecutor, trainer: Trainer,
                  prompts: PromptSource, clock: Clock, config: LoopConfig | None = None,
@@ -166,12 +116,12 @@ class LiveBackend:
         """Intervals of kept samples that may still be scored or trained (a carried group's, in a later step)."""
         self._reward_jobs: dict[str, RewardJob] = {}
         """Reward jobs of kept samples waiting for the core to start their scoring."""
-        self._log = _StepLog(start=clock.now())
+        self._log = StepLog(start=clock.now())
 
     # -- the step's bounds -----------------------------------------------------------------------
 
     def begin_step(self, commands: Sequence[Command]) -> None:
-        self._log = _StepLog(start=self.clock.now())
+        self._log = StepLog(start=self.clock.now())
         self.sample_rewards = {rid: r for rid, r in self.sample_rewards.items() if rid in self.tokens}
         self._kept = {rid: i for rid, i in self._kept.items() if rid in self.tokens}
 
@@ -335,7 +285,7 @@ class LiveBackend:
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
-    def _check_deadline(self, log: _StepLog) -> None:
+    def _check_deadline(self, log: StepLog) -> None:
         limit = self.config.step_timeout_s
         if limit is not None and self.clock.now() - log.start > limit:
             running = self.sched.state.num_running
@@ -344,10 +294,10 @@ class LiveBackend:
                 f"round {'ended' if log.round_end is not None else 'not ended'}"
             )
 
-    def _progress(self, log: _StepLog) -> dict:
+    def _progress(self, log: StepLog) -> dict:
         return {"running": self.sched.state.num_running, "kept": len(log.kept), "rewards": len(log.rewards)}
 
-    def _record(self, log: _StepLog, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
+    def _record(self, log: StepLog, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
         step_s = self.clock.now() - log.start
         rollout_s = log.round_end if log.round_end is not None else step_s
         bubble = log.occupancy.bubble_ratio(self.engine.capacity, rollout_s)

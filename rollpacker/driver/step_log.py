@@ -1,0 +1,64 @@
+"""One step of a live run as the driver records it: each request's `Interval` on the step's
+timeline (what the engine was asked, what it answered, whether its sample was kept, scored, trained)
+and the step's `StepLog` (rewards, trained samples, time spent training and syncing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import define, field
+
+from rollpacker.core.metrics import Occupancy
+from rollpacker.core.protocols import GenerationRequest
+
+
+@define
+class Interval:
+    """One request on the timeline of a step (seconds from the step's start)."""
+
+    request_id: str
+    start: float
+    end: float | None = None
+    outcome: str = "running"
+    """"kept" (scored; at the step's end only if trained), "carried" (trained in a later step), "aborted", or
+    "wasted" (finished but not trained)."""
+    prompt: int = -1
+    """Dataset index of its prompt."""
+    num_tokens: int = 0
+    finish_reason: str = ""
+    """The engine's: "stop", "length" or "abort" (empty while running)."""
+    request: GenerationRequest | None = None
+    """What the engine was asked (prompt and resumed ids, seed, max tokens): enough to generate it again."""
+    resumes: tuple[str, ...] = ()
+    """Ids of the requests whose tokens it continues (partial rollout), oldest first."""
+    token_ids: tuple[int, ...] = ()
+    """The tokens it generated (this request's own, without the resumed ones)."""
+    reward: float | None = None
+    """Its sample's reward, if it was kept and scored (0.0 when the scorer failed)."""
+    is_trained: bool = False
+    """Its sample went into a micro-batch (in this step or, carried, in a later one)."""
+
+
+@define
+class StepLog:
+    """What the live backend records of one step: its requests, rewards, trained samples and timings."""
+
+    start: float
+    occupancy: Occupancy = field(factory=Occupancy)
+    intervals: dict[str, Interval] = field(factory=dict)
+    kept: set[str] = field(factory=set)
+    rewards: dict[str, float] = field(factory=dict)
+    failed_rewards: int = 0
+    reward_waits: list[float] = field(factory=list)
+    trained_rewards: list[float] = field(factory=list)
+    groups: list[tuple[str, ...]] = field(factory=list)
+    trained: tuple = ()
+    carried: frozenset[str] = frozenset()
+    round_end: float | None = None
+    report: Any = None
+    train_s: float = 0.0
+    hidden_train_s: float = 0.0
+    optimizer_s: float = 0.0
+    sync_s: float = 0.0
+    train_stats: list = field(factory=list)
+    step_stats: Any = None
