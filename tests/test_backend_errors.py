@@ -136,7 +136,39 @@ def test_a_32k_token_response_streamed_cumulatively_is_read_whole():
 
 
 @pytest.mark.timeout(60)
+def test_a_line_that_arrives_slower_than_the_stall_timeout_is_read_whole():
+    """Half a line, then silence past the stall timeout, then the rest: the stall only checks the
+    server's health; the half already read is kept (a cancelled readline used to drop it, and the
+    rest of the line was then a malformed chunk)."""
+    final = sse(result_chunk(GenerationResult("rp000000000007", (5, 6, 7), (-0.5,) * 3, "stop", 3, 0.0),
+                             prompt_tokens=3, latency_s=1.0, max_new_tokens=8))
+
+    async def slow_line(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(final[:len(final) // 2])
+        await asyncio.sleep(1.5)  # three stall timeouts
+        await resp.write(final[len(final) // 2:] + sse(None))
+        return resp
+
+    app = fake_sglang(slow_line)
+    try:
+        with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=0.5) as eng:
+            eng.submit([request(7)])
+            results: list = []
+            deadline = time.monotonic() + 30
+            while not results and time.monotonic() < deadline:
+                results = [r for r in eng.poll(0.2) if isinstance(r, GenerationResult)]
+            assert len(results) == 1 and results[0].finish_reason == "stop"
+            assert results[0].token_ids == (5, 6, 7)
+    finally:
+        app.close()
+
+
+@pytest.mark.timeout(120)
 def test_a_stream_line_past_the_line_limit_is_raised_by_poll_not_lost():
+    """However slowly the machine reads the 64 MiB, the stall timeout (short on purpose) only checks
+    the server's health: the verdict is the line limit, not the clock."""
     async def endless_line(request):
         resp = web.StreamResponse()
         await resp.prepare(request)
@@ -146,10 +178,10 @@ def test_a_stream_line_past_the_line_limit_is_raised_by_poll_not_lost():
 
     app = fake_sglang(endless_line)
     try:
-        with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=5) as eng:
+        with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=0.5) as eng:
             eng.submit([request(7)])
             with pytest.raises(BackendError, match=f"server {app.url}: /generate rid=rp000000000007 sent an unreadable"):
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + 90
                 while time.monotonic() < deadline:
                     eng.poll(0.2)
             results = eng.poll(1.0)  # its one result still comes, as an abort

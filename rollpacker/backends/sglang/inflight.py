@@ -108,20 +108,11 @@ class InflightRequests:
             self._finish(inf, "abort")
 
     async def _read_stream(self, inf: Inflight, resp: aiohttp.ClientResponse) -> None:
-        server = inf.server
         while True:
-            try:
-                line = await asyncio.wait_for(resp.content.readline(), self.stall_timeout_s)
-            except asyncio.TimeoutError:
-                if not self._is_paused():  # silent while running: is the server still there?
-                    await server.client.health(retries=1)
-                continue
-            except (HttpProcessingError, ValueError) as exc:  # a line past MAX_STREAM_LINE: a broken server
-                raise BackendProtocolError(f"server {server.url}: /generate rid={inf.request.request_id} "
-                                           f"sent an unreadable stream line ({exc})") from exc
+            line = await self._read_line(inf, resp)
             if not line:
                 return
-            chunk = parse_sse_line(line, server.url)
+            chunk = parse_sse_line(line, inf.server.url)
             if chunk is None:
                 continue
             before = inf.state.num_tokens
@@ -132,6 +123,26 @@ class InflightRequests:
                 self._emit(inf.state.progress())
             if inf.is_abort_wanted and time.monotonic() - (inf.last_abort_at or 0.0) > 1.0:
                 self._send_abort(inf)  # still running a second after an abort: it may have raced
+
+    async def _read_line(self, inf: Inflight, resp: aiohttp.ClientResponse) -> bytes:
+        """The next stream line, however long it takes to arrive.  Every `stall_timeout_s` of
+        silence while not paused checks the server's health; the read itself is never cancelled,
+        since a cancelled readline drops the bytes of a half-read line."""
+        server = inf.server
+        read = asyncio.ensure_future(resp.content.readline())
+        try:
+            while True:
+                done, _ = await asyncio.wait({read}, timeout=self.stall_timeout_s)
+                if done:
+                    return read.result()
+                if not self._is_paused():  # silent while running: is the server still there?
+                    await server.client.health(retries=1)
+        except (HttpProcessingError, ValueError) as exc:  # a line past MAX_STREAM_LINE: a broken server
+            raise BackendProtocolError(f"server {server.url}: /generate rid={inf.request.request_id} "
+                                       f"sent an unreadable stream line ({exc})") from exc
+        finally:
+            if not read.done():
+                read.cancel()
 
     def abort(self, rids: list[str]) -> None:
         for rid in rids:
