@@ -190,6 +190,37 @@ def test_a_stream_line_past_the_line_limit_is_raised_by_poll_not_lost():
         app.close()
 
 
+@pytest.mark.timeout(90)
+def test_running_out_of_file_descriptors_is_one_error_naming_the_limit_not_silent_aborts():
+    """Each streamed request holds a socket.  The engine raises the soft open-file limit to the
+    hard one at start; past it, the next poll says so, naming RLIMIT_NOFILE, instead of the
+    requests coming back as aborts nobody asked for."""
+    async def slow_answer(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await asyncio.sleep(3600)
+        return resp
+
+    app = fake_sglang(slow_answer)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+        with SGLangEngine([app.url], http=FAST, capacity_per_server=64, stall_timeout_s=30) as eng:
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard, "raised to the hard limit at start"
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+            eng.submit([request(i) for i in range(40)])
+            aborted = []
+            with pytest.raises(SGLangError, match=r"open-file limit \(RLIMIT_NOFILE soft \d+, hard") as info:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    aborted += [r for r in eng.poll(0.2) if isinstance(r, GenerationResult)]
+            assert "requests in flight" in str(info.value) and "ulimit -n" in str(info.value)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        app.close()
+
+
 def hang(task, entry, response):
     time.sleep(3600)
 

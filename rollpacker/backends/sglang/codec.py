@@ -139,8 +139,8 @@ class StreamState:
         if len(new) == count:
             return list(new)  # cumulative (or the first delta, the same thing)
         if len(held) + len(new) == count:
-            return held + list(new)  # incremental streaming output
-        return held  # a count-only progress chunk
+            held.extend(new)  # incremental streaming output, in place: a copy per chunk is quadratic
+        return held  # (or a count-only progress chunk)
 
     def _bad(self, what: str, chunk: dict) -> BackendProtocolError:
         text = json.dumps(chunk)[:200]

@@ -25,7 +25,7 @@ from attrs import define
 
 from rollpacker.backends.errors import BackendProtocolError, SGLangError, ServerUnavailable
 from rollpacker.backends.sglang.codec import StreamState, generate_body, parse_sse_line
-from rollpacker.backends.sglang.pool import PooledServer, ServerPool
+from rollpacker.backends.sglang.pool import PooledServer, ServerPool, is_out_of_files, out_of_files_error
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class InflightRequests:
         self._is_paused = is_paused
         self.stall_timeout_s = stall_timeout_s
         self._by_id: dict[str, Inflight] = {}
+        self._is_out_of_files = False  # reported once: every request after it fails the same way
 
     def dispatch(self, requests: list[GenerationRequest], url: str | None) -> None:
         for request in requests:
@@ -96,13 +97,9 @@ class InflightRequests:
         except asyncio.CancelledError:
             self._finish(inf, "abort")
             raise
-        except ServerUnavailable as exc:
+        except (ServerUnavailable, *_STREAM_ERRORS) as exc:
             self._finish(inf, "abort")
-            await self._check_server(server, exc)
-        except _STREAM_ERRORS as exc:
-            self._finish(inf, "abort")
-            await self._check_server(server, ServerUnavailable(
-                f"server {server.url}: /generate rid={rid} broke ({type(exc).__name__}: {exc})"))
+            await self._on_broken(server, rid, exc)
         except SGLangError as exc:  # rejected or malformed: relaunching would fail the same way
             self._pool.add_fatal(exc)
             self._finish(inf, "abort")
@@ -143,6 +140,18 @@ class InflightRequests:
         finally:
             if not read.done():
                 read.cancel()
+
+    async def _on_broken(self, server: PooledServer, rid: str, exc: BaseException) -> None:
+        """A request's stream failed: our own open-file limit is said once (it is no fault of the
+        server, and a silent abort would hide it); anything else checks the server's health."""
+        if is_out_of_files(exc):
+            if not self._is_out_of_files:
+                self._is_out_of_files = True
+                self._pool.add_fatal(out_of_files_error(server.url, len(self._by_id) + 1))
+            return
+        if not isinstance(exc, ServerUnavailable):
+            exc = ServerUnavailable(f"server {server.url}: /generate rid={rid} broke ({type(exc).__name__}: {exc})")
+        await self._check_server(server, exc)
 
     def abort(self, rids: list[str]) -> None:
         for rid in rids:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
 import os
+import resource
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -29,6 +31,40 @@ MAX_STREAM_LINE = 64 * 1024 * 1024
 """Longest stream line read.  SGLang streams a request's output ids and log-probs cumulatively by
 default, about 30 bytes per token in every line: past aiohttp's default line limit (512 KiB) at
 about 16k tokens, 1 MB at 32k; 64 MiB holds two million tokens."""
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise this process's soft open-file limit to its hard limit (each streamed request holds a
+    socket: a soft limit of 256 or 1024 is too few for thousands of requests in flight).
+    Returns the (soft, hard) limits now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # some systems cap it below the hard limit
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
+    return soft, hard
+
+
+def is_out_of_files(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is the process or the system running out of file descriptors."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        os_error = getattr(exc, "os_error", None)  # aiohttp's ClientConnectorError keeps the OS error
+        if isinstance(os_error, OSError) and os_error.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def out_of_files_error(url: str, in_flight: int) -> SGLangError:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return SGLangError(
+        f"cannot open a connection to {url}: this process reached its open-file limit (RLIMIT_NOFILE soft {soft}, "
+        f"hard {hard}) with {in_flight} requests in flight; raise the limit (`ulimit -n`, or the hard limit in "
+        "/etc/security/limits.conf) or run fewer requests at once")
 
 
 @define(eq=False)
@@ -57,6 +93,7 @@ class ServerPool:
         """Every server marked dead, with why (the message names it)."""
         self._fatal: list[SGLangError] = []  # guarded by _lock: raised by the engine's next poll
         self._lock = threading.Lock()
+        raise_open_file_limit()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="rollpacker-sglang", daemon=True)
         self._thread.start()
