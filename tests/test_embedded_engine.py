@@ -184,7 +184,7 @@ def test_resume_ids_pause_and_close(tiny):
         engine.submit([Req("p", p, 50)])
         t = time.monotonic()
         assert engine.poll(0.3) == []  # paused: nothing runs, and poll honours its timeout
-        assert time.monotonic() - t < 2.0
+        assert time.monotonic() - t < 10  # honours its timeout: a paused engine does not block poll
         engine.resume()
         engine.submit([Req("c", p, 10_000)])
         while not any(isinstance(e, GenerationResult) and e.request_id == "p" for e in engine.poll(5.0)):
@@ -249,8 +249,7 @@ def test_default_model_converts_once_from_the_gguf(tmp_path, monkeypatch):
     first = default_model_dir()
     assert first.parent == tmp_path / "models" and (first / "config.json").is_file()
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    t = time.monotonic()
-    assert default_model_dir() == first and time.monotonic() - t < 1.0  # reused, not rebuilt
+    assert default_model_dir() == first  # reused, not rebuilt (the file below is not rewritten)
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     config = json.loads((first / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config

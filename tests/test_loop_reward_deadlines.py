@@ -18,7 +18,7 @@ from test_step_loop import GOOD, Prompts, RecordingTrainer, ScriptedEngine
 
 SLOW = 2
 """Request k=2's scorer sleeps SLOW_S: past the adaptive deadline, within the upper bound."""
-SLOW_S = 3.0
+SLOW_S = 30.0  # far past the 0.5 s deadline: on a loaded machine "cut" and "waited for" stay far apart
 
 
 def sleepy_scorer(task, entry, response):
@@ -28,14 +28,14 @@ def sleepy_scorer(task, entry, response):
     return float(response[0] == GOOD)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_scorer_past_the_adaptive_deadline_is_a_timeout_with_reward_0():
     calls: list = []
     engine = ScriptedEngine(calls)  # request k answers (GOOD if k is even else BAD, k, k)
     # one worker, so request 0 (GOOD, fast) is scored first and anchors T at t_min = 0.5 s
     sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=8), num_prompts=4,
-                      batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=1, t_min=0.5, t_max=10.0))
-    assert sched.reward_timeout == 10.0, "before a correct answer the deadline is the upper bound"
+                      batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=1, t_min=0.5, t_max=60.0))
+    assert sched.reward_timeout == 60.0, "before a correct answer the deadline is the upper bound"
     with ProcessRewardExecutor(1, scorer=sleepy_scorer) as rewards:
         loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), Prompts())
         start = time.monotonic()
@@ -49,7 +49,7 @@ def test_a_scorer_past_the_adaptive_deadline_is_a_timeout_with_reward_0():
     # one worker: request 3 waited in the core's queue behind request 2 until its 0.5 s deadline
     assert 0.4 <= record["reward_wait_s_max"] < SLOW_S and record["reward_wait_s_mean"] > 0
     assert sched.reward_timeout == 0.5, "the fast correct answer set T to its floor"
-    assert elapsed < SLOW_S + 3.0, "the slow scorer was cut at its deadline, not waited for"
+    assert elapsed < SLOW_S / 2, "the slow scorer was cut at its deadline, not waited for"
 
 
 def test_reward_deadline_flag_bounds_the_adaptive_deadline():
