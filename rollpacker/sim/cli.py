@@ -65,7 +65,8 @@ def add_parser(sub, name: str) -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="servegen-r1",
-                   help=f"built-in ({', '.join(BUILTIN)}) or a JSONL path: {{\"prompt\": id, \"lengths\": [int, ...]}}")
+                   help=f"built-in ({', '.join(BUILTIN)}) or a JSONL path (plain or gzipped): "
+                        f"{{\"prompt\": id, \"lengths\": [int, ...]}} a line")
     p.add_argument("--policy", default="tail", choices=list(POLICIES))
     add_knob_arguments(p)
     p.add_argument("--instances", type=int, default=16, help="rollout instances (GPUs = instances x --tp)")
