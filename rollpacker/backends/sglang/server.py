@@ -30,7 +30,7 @@ import time
 import uuid
 from typing import Any
 
-try:  # optional (the `sglang` extra): `rollpacker --help` must work without it
+try:  # optional (the `serve` extra): `rollpacker --help` must work without it
     from aiohttp import web
 except ImportError:  # pragma: no cover
     web = None
@@ -389,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
     if web is None:
         from rollpacker.core.errors import ConfigError
 
-        raise ConfigError("rollpacker serve needs aiohttp: pip install 'rollpacker[sglang]'")
+        raise ConfigError("rollpacker serve needs aiohttp, which is not installed: pip install 'rollpacker[serve]'")
     from rollpacker.backends.embedded.engine import EmbeddedEngine
     from rollpacker.backends.models import resolve_model
 
