@@ -22,11 +22,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollpacker.core.errors import ConfigError, RollpackerError
-from rollpacker.train.config import KNOB_SECTIONS, RunConfig, parse
-from rollpacker.train.outputs import RunDir
-from rollpacker.train.progress import StageBars, step_line
-from rollpacker.train.session import Session, follower_main, init_distributed_env
+
+def missing_package(exc: ModuleNotFoundError) -> int:
+    """A package this script needs is not installed: one line naming the pip install, exit 2."""
+    if exc.name == "rollpacker":
+        line = "needs the rollpacker package, which is not installed here: pip install -e '.[train]' in the repository (or make train)"
+    else:
+        from rollpacker.extras import missing_package_line
+
+        line = missing_package_line(exc, "train")
+        if line is None:  # one of our own modules: a bug, show it whole
+            raise exc
+    print(f"error: reference/train.py {line}", file=sys.stderr)
+    return 2
+
+
+try:
+    from rollpacker.core.errors import ConfigError, RollpackerError
+    from rollpacker.train.config import KNOB_SECTIONS, RunConfig, parse
+    from rollpacker.train.outputs import RunDir
+    from rollpacker.train.progress import StageBars, step_line
+    from rollpacker.train.session import Session, follower_main, init_distributed_env
+except ModuleNotFoundError as _exc:
+    sys.exit(missing_package(_exc))
 
 
 def main(argv: list[str]) -> int:
@@ -217,3 +235,5 @@ if __name__ == "__main__":
     except RollpackerError as exc:  # bad input: one clear line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except ModuleNotFoundError as exc:  # e.g. tyro or torch: the [train] extra is not installed
+        sys.exit(missing_package(exc))

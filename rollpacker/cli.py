@@ -2,8 +2,9 @@
 
     rollpacker simulate --workload servegen-r1 --policy tail --max-tokens 32768 --json out.json
 
-A subsystem adds a subcommand by listing `(name, "module:add_parser", "module:run")` in COMMANDS;
-`add_parser(subparsers)` defines its flags and `run(args) -> int` executes it.
+A subsystem adds a subcommand by listing `(name, module, extra)` in COMMANDS: the module's
+`add_parser(subparsers)` defines its flags and `run(args) -> int` executes it; a package it needs
+that is not installed is one line naming `pip install 'rollpacker[extra]'` (see `rollpacker.extras`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import importlib
 import sys
 
 from rollpacker.core.errors import RollpackerError
+from rollpacker.extras import missing_package_line
 
 COMMANDS = [
-    ("simulate", "rollpacker.sim.cli"),
-    ("serve", "rollpacker.backends.sglang.server"),
+    ("simulate", "rollpacker.sim.cli", "sim"),
+    ("serve", "rollpacker.backends.sglang.server", "serve"),
 ]
 
 
@@ -24,7 +26,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     parser = argparse.ArgumentParser(prog="rollpacker", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     runners = {}
-    for name, module in COMMANDS:
+    for name, module, _ in COMMANDS:
         mod = importlib.import_module(module)
         mod.add_parser(sub, name)
         runners[name] = mod.run
@@ -41,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         return runners[args.command](args)
     except RollpackerError as exc:  # a bad input: say what and where, no traceback
         print(f"rollpacker {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # an extra not installed: name the pip install
+        line = missing_package_line(exc, next(extra for name, _, extra in COMMANDS if name == args.command))
+        if line is None:
+            raise
+        print(f"rollpacker {args.command}: error: {line}", file=sys.stderr)
         return 2
 
 

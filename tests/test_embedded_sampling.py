@@ -35,15 +35,22 @@ def test_sample_greedy_nucleus_and_logprob_semantics():
     assert tokens[2] == 0  # nucleus 0.5 keeps only the top token
     expect = torch.log_softmax(logits[1] / 0.5, -1)[tokens[1]]
     assert lps[1] == pytest.approx(expect.item())  # log-prob at temperature T, before the cut
+    top1, lp1 = sample(logits, torch.ones(3), None, torch.arange(3) + 9, torch.zeros(3, dtype=torch.long),
+                       torch.tensor([1, 1, 1]))
+    assert top1.tolist() == [0, 0, 0] and lp1.tolist() == pytest.approx([math.log(0.6)] * 3)  # top_k=1: greedy
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.0, None), (0.7, 0.8)])
-def test_sample_follows_the_tempered_nucleus_distribution(temperature, top_p):
+@pytest.mark.parametrize("temperature, top_p, top_k", [(1.0, None, None), (0.7, 0.8, None), (1.0, None, 2),
+                                                       (1.0, 0.8, 2)])
+def test_sample_follows_the_tempered_nucleus_distribution(temperature, top_p, top_k):
     logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03])).expand(N, 5)
     temp = torch.full((N,), temperature)
     tp = None if top_p is None else torch.full((N,), top_p)
-    tokens, _ = sample(logits, temp, tp, torch.arange(N) * 31 + 5, torch.full((N,), 3))
-    probs, _ = target_probs(logits[:1], temp[:1], None if tp is None else tp[:1])
+    tk = None if top_k is None else torch.full((N,), top_k)
+    tokens, _ = sample(logits, temp, tp, torch.arange(N) * 31 + 5, torch.full((N,), 3), tk)
+    probs, _ = target_probs(logits[:1], temp[:1], None if tp is None else tp[:1], None if tk is None else tk[:1])
+    if top_k is not None:
+        assert (probs[0] > 0).sum() == top_k and set(tokens.tolist()) == {0, 1}
     observed = {(t,): c for t, c in enumerate(torch.bincount(tokens, minlength=5).tolist())}
     probs = probs[0] / probs[0].sum()  # the nucleus, renormalised
     expected = {(t,): p for t, p in enumerate(probs.tolist())}

@@ -227,6 +227,54 @@ def test_serve_honours_ignore_eos_or_refuses_it(ignore_eos_server, tmp_path_fact
     assert status == 400 and "--ignore-eos" in answer["error"]["message"]
 
 
+def _generate(url: str, max_new_tokens: int = 24, **params) -> dict:
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": max_new_tokens, **params}}
+    status, answer = _post(url + "/generate", body)
+    assert status == 200, answer
+    return answer
+
+
+@pytest.mark.timeout(200)
+def test_serve_honours_stop_token_ids_stop_strings_and_top_k(ignore_eos_server):
+    url = ignore_eos_server.urls[0]
+    greedy = _generate(url, temperature=0.0)  # --ignore-eos: all 24 tokens
+    ids, text = greedy["output_ids"], greedy["text"]
+    assert len(ids) == 24 and greedy["meta_info"]["finish_reason"] == {"type": "length", "length": 24}
+
+    stop_id = ids[12]
+    cut = _generate(url, temperature=0.0, stop_token_ids=[stop_id])
+    end = ids.index(stop_id) + 1
+    assert cut["output_ids"] == ids[:end]  # ends early, with the stop token as its last token
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
+
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cut = _generate(url, temperature=0.0, stop=[stop, "never-in-this-text"])
+    assert cut["text"] == text[: text.find(stop)]  # the text ends before the stop string
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    n = cut["meta_info"]["completion_tokens"]
+    assert n < 24 and cut["output_ids"] == ids[:n]
+
+    sampled = _generate(url, temperature=1.0, sampling_seed=5)
+    top1 = _generate(url, temperature=1.0, sampling_seed=5, top_k=1)
+    assert top1["output_ids"] == ids != sampled["output_ids"]  # top_k=1 is greedy; without it, not
+    assert _generate(url, temperature=1.0, sampling_seed=5, top_k=-1)["output_ids"] == sampled["output_ids"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("field,value", [
+    ("min_new_tokens", 4), ("repetition_penalty", 1.3), ("frequency_penalty", 0.5), ("min_p", 0.1),
+    ("stop_regex", "a+"), ("n", 2), ("top_k", 0), ("stop", 7), ("stop_token_ids", ["x"]), ("best_of", 2),
+])
+def test_serve_refuses_a_sampling_param_it_would_not_honour_naming_it(ignore_eos_server, field, value):
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, field: value}}
+    status, answer = _post(ignore_eos_server.urls[0] + "/generate", body)
+    assert status == 400 and f"sampling_params.{field}" in answer["error"]["message"], answer
+    # the value that turns it off (SGLang's default) is accepted
+    off = {"min_new_tokens": 0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "min_p": 0.0, "n": 1}
+    if field in off:
+        assert _generate(ignore_eos_server.urls[0], 4, **{field: off[field]})["meta_info"]["completion_tokens"] == 4
+
+
 @pytest.mark.timeout(120)
 def test_serve_on_a_busy_port_is_one_line_before_loading(ignore_eos_server):
     port = ignore_eos_server.urls[0].rsplit(":", 1)[1]

@@ -45,6 +45,30 @@ def test_python_dash_m_and_jsonl_workload(tmp_path):
     assert json.loads(proc.stdout)["total"]["trained_prompts"] == 16
 
 
+def test_gzipped_workload_runs_like_the_plain_one_and_a_binary_one_is_one_line(tmp_path):
+    import gzip
+
+    text = "".join(json.dumps({"prompt": f"p{i}", "lengths": [10 + i, 40 * (i % 5) + 1]}) + "\n" for i in range(24))
+    plain, packed = tmp_path / "w.jsonl", tmp_path / "w.jsonl.gz"
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    args = ["--policy", "sync", "--prompts", "8", "--samples", "2", "--steps", "2", "--instances", "2", "--no-progress"]
+    results = []
+    for path in (plain, packed):
+        proc = simulate("--workload", str(path), *args)
+        assert proc.returncode == 0, proc.stderr
+        results.append(json.loads(proc.stdout)["steps"])
+    assert results[0] == results[1]
+    binary, truncated = tmp_path / "w.bin", tmp_path / "cut.jsonl.gz"
+    binary.write_bytes(bytes(range(256)) * 64)  # no UTF-8 text
+    truncated.write_bytes(packed.read_bytes()[:40])
+    for path in (binary, truncated):
+        proc = simulate("--workload", str(path), *args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert str(path) in line and "JSONL text (plain or .gz)" in line, line
+
+
 def test_bad_input_fails_before_work(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "lengths": [1]}\n{"prompt": "b", "lengths": [-1]}\n')

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from attrs import field, frozen
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt, in_, optional
 
 ENGINE_FINISH_REASONS = ("stop", "length", "abort")
 
@@ -47,6 +47,13 @@ class GenerationRequest:
     group: str | None = None
     """Requests with the same group are samples of the same prompt (siblings); an engine may use
     their text to draft speculative tokens for each other.  None: no siblings known."""
+    top_k: int | None = field(default=None, validator=optional(ge(1)))
+    """Sample among the k most likely tokens only (with top_p, both cuts apply).  None: no cut."""
+    stop_token_ids: tuple[int, ...] = ()
+    """More tokens that end the request with "stop" (kept as its last token), besides the engine's own."""
+    stop: tuple[str, ...] = ()
+    """Strings that end the request with "stop" once the response text holds one (the engine needs
+    a tokenizer to see text)."""
 
 
 @frozen

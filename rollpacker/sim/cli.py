@@ -65,7 +65,8 @@ def add_parser(sub, name: str) -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="servegen-r1",
-                   help=f"built-in ({', '.join(BUILTIN)}) or a JSONL path: {{\"prompt\": id, \"lengths\": [int, ...]}}")
+                   help=f"built-in ({', '.join(BUILTIN)}) or a JSONL path (plain or gzipped): "
+                        f"{{\"prompt\": id, \"lengths\": [int, ...]}} a line")
     p.add_argument("--policy", default="tail", choices=list(POLICIES))
     add_knob_arguments(p)
     p.add_argument("--instances", type=int, default=16, help="rollout instances (GPUs = instances x --tp)")
@@ -89,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", type=Path, default=None, help="PNG: a step's timeline (running requests against capacity per instance, aborts, "
                    "token split); the step summary goes beside it as NAME-summary.png")
     p.add_argument("--plot-step", type=int, default=None, help="step drawn by --plot (default: the slowest)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none without tqdm: rollpacker[sim])")
 
 
 def constants_from(overrides: list[str]) -> SimConstants:
@@ -131,7 +132,7 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise ConfigError("--plot needs matplotlib: pip install 'rollpacker[plot]'") from None
+            raise ConfigError("--plot needs matplotlib, which is not installed: pip install 'rollpacker[sim]'") from None
     config = SimConfig(workload=args.workload, policy=args.policy, knobs=knobs, prompts=args.prompts,
                        samples=args.samples, max_tokens=args.max_tokens, steps=args.steps, seed=args.seed,
                        instances=args.instances, tp=args.tp, tp_mode=args.tp_mode, model=args.model,
@@ -150,10 +151,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     constants = constants_from(args.overrides + (["spec.enabled=true"] if args.spec else []))
     sim = Simulation(config, constants, record_timeline=args.plot is not None)
-    progress = None
-    if not args.no_progress:
-        from tqdm import tqdm
-        progress = tqdm(total=config.steps, desc=f"simulate {config.policy}", unit="step", file=sys.stderr)
+    progress = None if args.no_progress else _progress_bar(config)
     try:
         result = sim.run(progress)
     finally:
@@ -175,6 +173,15 @@ def run(args: argparse.Namespace) -> int:
           f"({t['rollout_over_lower_bound']:.2f}x lower bound), bubble {t['bubble_ratio']:.1%}, "
           f"lost {t['lost_prompts']}, duplicate {t['duplicate_prompts']}", file=sys.stderr)
     return 0
+
+
+def _progress_bar(config: SimConfig):
+    """A tqdm bar over the steps; None without tqdm (a core install: the bar comes with rollpacker[sim])."""
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:
+        return None
+    return tqdm(total=config.steps, desc=f"simulate {config.policy}", unit="step", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,10 @@ offset) when more are needed.  `finish_reasons`, when present, must match `lengt
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -186,39 +188,60 @@ def parse_jsonl(path: Path) -> tuple[list[str], list[list[int]]]:
         raise WorkloadError(f"workload {str(path)!r}: no such file, and not one of {', '.join(BUILTIN)}")
     rows: dict[str, dict[int, list[int]]] = {}
     seen: dict[tuple[str, int], int] = {}
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise WorkloadError(f"{where}: expected an object with \"prompt\" and \"lengths\"")
-            for key in ("prompt", "lengths"):
-                if key not in row:
-                    raise WorkloadError(f"{where}: missing field {key!r}")
-            prompt, values = str(row["prompt"]), row["lengths"]
-            if not isinstance(values, list) or not values:
-                raise WorkloadError(f"{where}: \"lengths\" must be a non-empty list of integers")
-            for v in values:
-                if not isinstance(v, int) or isinstance(v, bool):
-                    raise WorkloadError(f"{where}: length {v!r} is not an integer")
-                if v < 0:
-                    raise WorkloadError(f"{where}: length {v} is negative")
-            step = _step_of(row, where)
-            _check_reasons(row, len(values), where)
-            if (prompt, step) in seen:
-                at = f" for step {step}" if "step" in row else ""
-                raise WorkloadError(f"{where}: prompt {prompt!r} already given{at} on line {seen[prompt, step]}")
-            seen[prompt, step] = lineno
-            rows.setdefault(prompt, {})[step] = values
+    for lineno, line in _text_lines(path):
+        where = f"{path}:{lineno}"
+        prompt, step, values = _parse_line(line, where)
+        if (prompt, step) in seen:
+            at = f" for step {step}" if step >= 0 else ""
+            raise WorkloadError(f"{where}: prompt {prompt!r} already given{at} on line {seen[prompt, step]}")
+        seen[prompt, step] = lineno
+        rows.setdefault(prompt, {})[step] = values
     if not rows:
         raise WorkloadError(f"{path}: empty workload file (expected one JSON object a line)")
     ids = list(rows)
     return ids, [[n for step in sorted(rows[p]) for n in rows[p][step]] for p in ids]
+
+
+def _parse_line(line: str, where: str) -> tuple[str, int, list[int]]:
+    """(prompt, step or -1, lengths) of one workload line; a problem is a `WorkloadError` at `where`."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise WorkloadError(f"{where}: expected an object with \"prompt\" and \"lengths\"")
+    for key in ("prompt", "lengths"):
+        if key not in row:
+            raise WorkloadError(f"{where}: missing field {key!r}")
+    values = row["lengths"]
+    if not isinstance(values, list) or not values:
+        raise WorkloadError(f"{where}: \"lengths\" must be a non-empty list of integers")
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise WorkloadError(f"{where}: length {v!r} is not an integer")
+        if v < 0:
+            raise WorkloadError(f"{where}: length {v} is negative")
+    _check_reasons(row, len(values), where)
+    return str(row["prompt"]), _step_of(row, where), values
+
+
+JSONL_SHAPE = 'JSONL text (plain or .gz), one {"prompt": id, "lengths": [int, ...]} a line'
+
+
+def _text_lines(path: Path):
+    """(line number, line) of each non-blank line of a UTF-8 text file, gunzipped when it starts
+    with gzip's magic bytes; binary data is a `WorkloadError` naming the file and the format."""
+    with open(path, "rb") as raw:
+        is_gzip = raw.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if is_gzip else open(path, encoding="utf-8")) as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield lineno, line
+    except UnicodeDecodeError:
+        raise WorkloadError(f"{path}: not UTF-8 text (a binary file?); expected {JSONL_SHAPE}") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:  # a corrupt or truncated gzip stream
+        raise WorkloadError(f"{path}: not a readable gzip file ({exc}); expected {JSONL_SHAPE}") from None
 
 
 def _step_of(row: dict, where: str) -> int:

@@ -53,7 +53,8 @@ class RunningBatch:
 
     def __init__(self, runner: Runner, speculator: Speculator, *, capacity: int, admit_fraction: float,
                  max_prefill_tokens: int, stop_token_ids: frozenset[int], progress_every: int,
-                 on_progress: Callable[[Row, float], None], on_finish: Callable[[Row, str, float], None]) -> None:
+                 on_progress: Callable[[Row, float], None], on_finish: Callable[[Row, str, float], None],
+                 detokenize: Callable[[list[int]], str] | None = None) -> None:
         self._runner = runner
         self._speculator = speculator
         self._capacity = capacity
@@ -63,6 +64,7 @@ class RunningBatch:
         self._progress_every = progress_every
         self._on_progress = on_progress
         self._on_finish = on_finish
+        self._detokenize = detokenize  # token ids -> text, for requests with stop strings
         self.waiting: deque[Row] = deque()
         self.rows: list[Row] = []  # Invariant: row i lives in cache slot i; finished rows leave at the next compact
         self.version = 0  # weight version given to rows admitted from now on
@@ -139,15 +141,17 @@ class RunningBatch:
                 [lp[: a + 1] for lp, a in zip(logprobs, accepted)])
 
     def _sampling_params(self, rows: list[Row]) -> tuple[torch.Tensor, ...]:
-        """(temperature, top_p, seed, counter) per row, on the model's device; top_p is None
-        when no row cuts a nucleus (saves sorting the vocabulary)."""
+        """(temperature, top_p, seed, counter, top_k) per row, on the model's device; top_p / top_k
+        is None when no row cuts (saves sorting the vocabulary)."""
         device = self._runner.device
         top_p = [r.request.top_p for r in rows]
+        top_k = [r.request.top_k or 1 << 62 for r in rows]
         return (
             torch.tensor([r.request.temperature for r in rows], dtype=torch.float32, device=device),
             torch.tensor(top_p, dtype=torch.float32, device=device) if min(top_p) < 1.0 else None,
             torch.tensor([r.seed for r in rows], dtype=torch.long, device=device),
             torch.tensor([r.num_generated for r in rows], dtype=torch.long, device=device),
+            torch.tensor(top_k, dtype=torch.long, device=device) if any(r.request.top_k for r in rows) else None,
         )
 
     def _compact(self) -> None:
@@ -180,6 +184,16 @@ class RunningBatch:
         for row, tok, lp in zip(admit, tokens.tolist(), logprobs.tolist()):
             self._append(row, tok, lp, now)
 
+    def _stop_string(self, row: Row) -> bool:
+        """Whether the response's text now holds one of the request's stop strings.  Only its tail
+        is decoded: one token more than the longest string has bytes (a token decodes to >= 1 byte)."""
+        stops = row.request.stop
+        if not stops:
+            return False
+        window = max(len(s.encode()) for s in stops) + 1
+        tail = self._detokenize(row.token_ids[-window:])
+        return any(s in tail for s in stops)
+
     def _pick_admissions(self, free: int) -> list[Row]:
         admit, budget = [], self._max_prefill_tokens
         while self.waiting and len(admit) < free:
@@ -195,7 +209,7 @@ class RunningBatch:
         row.tokens.append(token)
         row.logprobs.append(logprob)
         n = row.num_generated
-        if token in self._stop_token_ids:
+        if token in self._stop_token_ids or token in row.request.stop_token_ids or self._stop_string(row):
             self._finish(row, "stop", now)
         elif n >= row.max_new:
             self._finish(row, "length", now)

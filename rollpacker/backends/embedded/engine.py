@@ -15,8 +15,10 @@ Contract details beyond the Protocol:
 - Every submitted request yields exactly one `GenerationResult`; an aborted one carries the tokens
   generated so far (possibly none) and finish_reason "abort".  Aborting an id that already
   finished (a normal race) does nothing; an id never submitted raises `UnknownRequest`.
-- A stop token (the model's EOS by default) ends a request with "stop" and is included in its
-  tokens; `max_new_tokens` (clamped to the model's context) ends it with "length".
+- A stop token (the model's EOS by default, and the request's `stop_token_ids`) ends a request with
+  "stop" and is included in its tokens; so does a token after which the response's text holds one of
+  the request's `stop` strings (decoded with the tokenizer); `max_new_tokens` (clamped to the
+  model's context) ends it with "length".
 - `weight_version` of a result is the version of the weights when the request started decoding.
   Weights are swapped between decode steps; call it between `pause()` and `resume()` so no running
   request sees two policies.
@@ -67,6 +69,8 @@ class EmbeddedEngine:
     speculation measured 0.85-1.04x at 1-4 rows); spec_tokens: draft tokens per row and verify step; spec_ngram: longest suffix matched.
     kv_tokens_per_row: KV cache columns per row allocated at once (the longest prompt plus the most
     new tokens); None: the cache grows by doubling as rows get longer.
+    tokenizer: decodes responses for requests with `stop` strings (a model given as a directory
+    brings its own; without one such requests are refused).
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class EmbeddedEngine:
         spec_tokens: int = 4,
         spec_ngram: int = 3,
         kv_tokens_per_row: int | None = None,
+        tokenizer: Any | None = None,
     ):
         if capacity < 1:
             raise ConfigError(f"capacity must be >= 1, got {capacity}")
@@ -99,8 +104,9 @@ class EmbeddedEngine:
             raise ConfigError(f"attention must be 'matmul' or 'sdpa' (None: by device), got {attention!r}")
         speculator = Speculator(max_rows=spec_max_rows or 0, num_tokens=spec_tokens, ngram=spec_ngram)
         if model is None or isinstance(model, (str, os.PathLike)):
-            model, _ = load_model(model, dtype=dtype, device=device)
+            model, tokenizer = load_model(model, dtype=dtype, device=device)
         self.model = model.eval()
+        self.tokenizer = tokenizer
         config = model.config.get_text_config(decoder=True)
         self.context_len = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
         self.vocab_size = int(config.vocab_size)
@@ -122,7 +128,8 @@ class EmbeddedEngine:
         self._batch = RunningBatch(
             runner, speculator, capacity=capacity, admit_fraction=admit_fraction,
             max_prefill_tokens=max_prefill_tokens, stop_token_ids=self.stop_token_ids,
-            progress_every=progress_every, on_progress=self._progress, on_finish=self._finish)
+            progress_every=progress_every, on_progress=self._progress, on_finish=self._finish,
+            detokenize=None if tokenizer is None else tokenizer.decode)
         self._speculator = speculator
         self._seeds = torch.Generator().manual_seed(seed)
         self._version = self._batch.version = weight_version
@@ -257,6 +264,12 @@ class EmbeddedEngine:
         bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ConfigError(f"request {rid!r}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        bad = [t for t in r.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ConfigError(f"request {rid!r}: stop_token_ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        if r.stop and (self.tokenizer is None or not all(isinstance(s, str) and s for s in r.stop)):
+            raise ConfigError(f"request {rid!r}: stop strings must be non-empty strings, and need the engine "
+                              f"to have a tokenizer (it has {'one' if self.tokenizer else 'none'}): {r.stop!r}")
         if len(prompt) >= self.context_len:
             raise ConfigError(
                 f"request {rid!r}: prompt (+ resume) has {len(prompt)} tokens; the model's context is "

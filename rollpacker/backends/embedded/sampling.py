@@ -7,7 +7,7 @@ Theory of operation
     rows are sampled at once (no Python loop over rows, no GPU->CPU sync inside these functions).
 
     A row's target distribution at each position is softmax(logits / T) cut to the top-p nucleus
-    (temperature 0: the argmax); the token is drawn by inverse CDF with stream 0's uniform at its
+    and to the top-k tokens (temperature 0: the argmax); the token is drawn by inverse CDF with stream 0's uniform at its
     token index.  The reported log-prob is log_softmax(logits / T) of the token before the nucleus
     cut (the policy a trainer recomputes).
 
@@ -50,26 +50,30 @@ def uniforms(seeds: torch.Tensor, counters: torch.Tensor, stream: int = 0) -> to
     return (h.double() + 0.5) / 4294967296.0
 
 
-def target_probs(logits: torch.Tensor, temperature: torch.Tensor,
-                 top_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nucleus-cut probabilities, log_softmax(logits / T)) for logits `[B, ..., V]`; rows with
-    temperature 0 use T = 1 here (their token is the argmax).  `top_p` None: no row cuts."""
+def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,
+                 top_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(nucleus- and top-k-cut probabilities, log_softmax(logits / T)) for logits `[B, ..., V]`;
+    rows with temperature 0 use T = 1 here (their token is the argmax).  `top_p` / `top_k` (`[B]`,
+    a row with k >= V keeps every token) None: no row cuts."""
     shape = (-1,) + (1,) * (logits.dim() - 1)
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).view(shape)
     logp = torch.log_softmax(logits.float() / t, dim=-1)
     probs = logp.exp()
-    if top_p is None:
+    if top_p is None and top_k is None:
         return probs, logp
     sorted_p, order = probs.sort(dim=-1, descending=True)
-    # keep a token if the mass strictly before it is below top_p (the first always stays)
-    drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p.view(shape).to(sorted_p.dtype)
+    drop = torch.zeros_like(sorted_p, dtype=torch.bool)
+    if top_p is not None:  # keep a token if the mass strictly before it is below top_p (the first always stays)
+        drop |= (sorted_p.cumsum(-1) - sorted_p) >= top_p.view(shape).to(sorted_p.dtype)
+    if top_k is not None:  # keep the k most likely
+        drop |= torch.arange(sorted_p.shape[-1], device=sorted_p.device) >= top_k.view(shape)
     probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
     return probs, logp
 
 
-def _draw(logits, temperature, top_p, seeds, counters) -> tuple[torch.Tensor, torch.Tensor]:
+def _draw(logits, temperature, top_p, seeds, counters, top_k=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token and log-prob at every position of logits `[B, T, V]`; counters `[B, T]`."""
-    probs, logp = target_probs(logits, temperature, top_p)
+    probs, logp = target_probs(logits, temperature, top_p, top_k)
     cdf = probs.cumsum(dim=-1)
     total = cdf[..., -1]
     # u rounds to 1.0 in float32 about once in 2^25 draws: keep u * total strictly below the total,
@@ -82,21 +86,22 @@ def _draw(logits, temperature, top_p, seeds, counters) -> tuple[torch.Tensor, to
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,
-           seeds: torch.Tensor, counters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+           seeds: torch.Tensor, counters: torch.Tensor,
+           top_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from logits `[B, V]`: (tokens `[B]`, log-probs `[B]`)."""
-    tokens, logprobs = _draw(logits.unsqueeze(1), temperature, top_p, seeds, counters.view(-1, 1))
+    tokens, logprobs = _draw(logits.unsqueeze(1), temperature, top_p, seeds, counters.view(-1, 1), top_k)
     return tokens[:, 0], logprobs[:, 0]
 
 
 def verify(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, temperature: torch.Tensor,
-           top_p: torch.Tensor | None, seeds: torch.Tensor,
-           counters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           top_p: torch.Tensor | None, seeds: torch.Tensor, counters: torch.Tensor,
+           top_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify `drafts` `[B, K]` (the first `num_drafts[b]` of row b are real) against logits
     `[B, K+1, V]`.  Returns (tokens `[B, K+1]`, log-probs `[B, K+1]`, accepted `[B]`): row b emits
     `tokens[b, : accepted[b] + 1]`."""
     k = drafts.shape[1]
     offsets = torch.arange(k + 1, device=logits.device)
-    tokens, logprobs = _draw(logits, temperature, top_p, seeds, counters.view(-1, 1) + offsets)
+    tokens, logprobs = _draw(logits, temperature, top_p, seeds, counters.view(-1, 1) + offsets, top_k)
     is_real = offsets[:k].view(1, -1) < num_drafts.view(-1, 1)
     matched = (tokens[:, :k] == drafts) & is_real
     accepted = matched.long().cumprod(dim=-1).sum(dim=-1)

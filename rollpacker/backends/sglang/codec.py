@@ -8,7 +8,7 @@ Request (one sample per request, never `n > 1`: SGLang would replace our rids):
 
     {"rid": "rp000000000042", "input_ids": [...], "stream": true, "return_logprob": true,
      "sampling_params": {"max_new_tokens": 256, "temperature": 1.0, "top_p": 1.0,
-                         "sampling_seed": 7}}
+                         "sampling_seed": 7}}      (+ top_k, stop_token_ids, stop when set)
 
 Streamed response: server-sent events `data: {json}\\n\\n`, ending with `data: [DONE]\\n\\n`.  Each
 chunk is `{"output_ids": [...], "meta_info": {...}}` (plus "text" when the server detokenizes).
@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from attrs import define, field
@@ -50,6 +51,12 @@ def generate_body(request: GenerationRequest, *, stream: bool = True) -> dict[st
     }
     if request.seed is not None:
         sampling["sampling_seed"] = request.seed
+    if request.top_k is not None:
+        sampling["top_k"] = request.top_k
+    if request.stop_token_ids:
+        sampling["stop_token_ids"] = list(request.stop_token_ids)
+    if request.stop:
+        sampling["stop"] = list(request.stop)
     return {
         "rid": request.request_id,
         "input_ids": list(request.prompt_ids) + list(request.resume_ids),
@@ -180,15 +187,36 @@ def progress_chunk(rid: str, num_tokens: int, prompt_tokens: int, weight_version
     }
 
 
-def result_chunk(result: GenerationResult, prompt_tokens: int, latency_s: float, max_new_tokens: int) -> dict:
-    """The final chunk (and the non-stream answer) of a finished request, as SGLang shapes it."""
+def stop_match(result: GenerationResult, stops: Sequence[str], *, decode: Callable[[list[int]], str],
+               trim: bool = True) -> dict[str, Any]:
+    """`{"text": ..., "matched": ...}` of a finished request as SGLang reports them: a "stop" matched
+    the earliest of `stops` in the text (the text ends before it) or else its last token (left out of
+    the text); `trim` False keeps the text whole."""
+    text = decode(list(result.token_ids))
+    if result.finish_reason != "stop" or not result.token_ids:
+        return {"text": text}
+    hits = sorted((text.find(s), s) for s in stops if s in text)
+    if hits:
+        at, matched = hits[0]
+        return {"text": text[:at] if trim else text, "matched": matched}
+    return {"text": decode(list(result.token_ids[:-1])) if trim else text, "matched": result.token_ids[-1]}
+
+
+def result_chunk(result: GenerationResult, prompt_tokens: int, latency_s: float, max_new_tokens: int, *,
+                 text: str | None = None, matched: int | str | None = None) -> dict:
+    """The final chunk (and the non-stream answer) of a finished request, as SGLang shapes it; `text`
+    and `matched` from `stop_match` when the server decodes (else no text, and a stop matched the
+    last token)."""
     if result.finish_reason == "stop":
-        reason: dict[str, Any] = {"type": "stop", "matched": result.token_ids[-1] if result.token_ids else None}
+        if matched is None and result.token_ids:
+            matched = result.token_ids[-1]
+        reason: dict[str, Any] = {"type": "stop", "matched": matched}
     elif result.finish_reason == "length":
         reason = {"type": "length", "length": max_new_tokens}
     else:
         reason = {"type": "abort", "message": "Abort in waiting queue or running batch."}
-    return {
+    chunk: dict[str, Any] = {} if text is None else {"text": text}
+    return chunk | {
         "output_ids": list(result.token_ids),
         "meta_info": {
             "id": result.request_id,

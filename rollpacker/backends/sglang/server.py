@@ -6,7 +6,9 @@ Endpoints (shapes as SGLang's, see `codec`): GET /health, /health_generate, /get
 /get_server_info; POST /generate (stream or not), /abort_request {rid, abort_all},
 /pause_generation {mode}, /continue_generation, /update_weights_from_disk {model_path,
 weight_version}, /flush_cache.  Input is token ids only (`input_ids`): this server does no
-tokenization, like SGLang with --skip-tokenizer-init.
+tokenization.  With the model's tokenizer it decodes each response into `text` (the final chunk
+holds all of it) and honours `stop` strings.  Sampling params: `HONOURED_PARAMS`; SGLang's others
+only at the value that turns them off; anything else is a 400 naming the field, never ignored.
 
 Theory of operation: the engine's API is synchronous and thread-safe; aiohttp runs on one event
 loop.  Submits, aborts and pause/continue are quick calls made from the loop; a weight update blocks,
@@ -28,12 +30,12 @@ import time
 import uuid
 from typing import Any
 
-try:  # optional (the `sglang` extra): `rollpacker --help` must work without it
+try:  # optional (the `serve` extra): `rollpacker --help` must work without it
     from aiohttp import web
 except ImportError:  # pragma: no cover
     web = None
 
-from rollpacker.backends.sglang.codec import progress_chunk, result_chunk, sse
+from rollpacker.backends.sglang.codec import progress_chunk, result_chunk, sse, stop_match
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,53 @@ def _error(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-def _request_from_body(body: Any) -> GenerationRequest:
-    """A /generate body -> one GenerationRequest; anything unsupported is a `_BadRequest`."""
+HONOURED_PARAMS = ("max_new_tokens", "temperature", "top_p", "top_k", "sampling_seed", "stop", "stop_token_ids",
+                   "ignore_eos", "skip_special_tokens", "no_stop_trim")
+OFF_VALUES = {
+    "min_new_tokens": 0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "min_p": 0.0, "n": 1, "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None,
+    "structural_tag": None, "logit_bias": None, "custom_params": None, "stream_interval": None,
+    "spaces_between_special_tokens": True,
+}
+"""SGLang's other sampling params: accepted only at the value that turns them off (or null)."""
+HINTS = {"n": ": send one request per sample with its own rid",
+         "ignore_eos": ": it is a server setting here, start rollpacker serve --ignore-eos"}
+
+
+def _check_params(params: dict, ignore_eos: bool) -> None:
+    """Refuse (400, naming the field) any sampling param this server would not honour."""
+    for name, value in params.items():
+        if name == "ignore_eos":
+            if value and not ignore_eos:
+                raise _BadRequest(f"sampling_params.ignore_eos{HINTS[name]}")
+        elif name in OFF_VALUES:
+            off = OFF_VALUES[name]
+            if not (value is None or value == off or (off is None and not value)):
+                raise _BadRequest(f"sampling_params.{name}={value!r} is not supported by rollpacker serve "
+                                  f"(only {off!r}, off){HINTS.get(name, '')}")
+        elif name not in HONOURED_PARAMS:
+            raise _BadRequest(f"sampling_params.{name} is not a sampling parameter rollpacker serve knows "
+                              f"(it honours {', '.join(HONOURED_PARAMS)})")
+
+
+def _stop_params(params: dict) -> tuple[tuple[str, ...], tuple[int, ...], int | None]:
+    """(stop strings, stop token ids, top_k) of a request's sampling params."""
+    stop = params.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise _BadRequest(f"sampling_params.stop must be a string or a list of non-empty strings, got {stop!r}")
+    ids = params.get("stop_token_ids") or ()
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and t >= 0 for t in ids):
+        raise _BadRequest(f"sampling_params.stop_token_ids must be a list of token ids, got {ids!r}")
+    top_k = params.get("top_k")
+    if top_k is not None and (not isinstance(top_k, int) or top_k == 0 or top_k < -1):
+        raise _BadRequest(f"sampling_params.top_k must be -1 (off) or an integer >= 1, got {top_k!r}")
+    return tuple(stop), tuple(ids), None if top_k in (None, -1) else top_k
+
+
+def _request_from_body(body: Any, *, ignore_eos: bool = False) -> tuple[GenerationRequest, dict]:
+    """A /generate body -> (one GenerationRequest, its sampling params); anything unsupported is a
+    `_BadRequest` naming the field."""
     if not isinstance(body, dict):
         raise _BadRequest("the body must be a JSON object")
     if "input_ids" not in body:
@@ -65,29 +112,34 @@ def _request_from_body(body: Any) -> GenerationRequest:
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise _BadRequest("sampling_params must be an object")
-    if params.get("n", 1) != 1:
-        raise _BadRequest("sampling_params.n must be 1: send one request per sample with its own rid")
+    _check_params(params, ignore_eos)
+    stop, stop_ids, top_k = _stop_params(params)
     try:
-        return GenerationRequest(
+        gen = GenerationRequest(
             request_id=rid,
             prompt_ids=tuple(ids),
             max_new_tokens=int(params.get("max_new_tokens", 128)),
             temperature=float(params.get("temperature", 1.0)),
             top_p=float(params.get("top_p", 1.0)),
             seed=None if params.get("sampling_seed") is None else int(params["sampling_seed"]),
+            top_k=top_k, stop_token_ids=stop_ids, stop=stop,
         )
     except (TypeError, ValueError) as exc:
         raise _BadRequest(f"bad sampling_params: {exc}") from None
+    return gen, params
 
 
 class EngineServer:
     """The aiohttp application over one engine.  `model_path` is what /get_model_info reports;
-    `ignore_eos` says whether the engine was built to never stop on EOS (a per-server setting here)."""
+    `ignore_eos` says whether the engine was built to never stop on EOS (a per-server setting here);
+    `tokenizer` (optional) decodes each response into `text` and lets requests use `stop` strings."""
 
     def __init__(self, engine: RolloutEngine, model_path: str, *, weight_version: int = 0,
-                 ignore_eos: bool = False) -> None:
+                 ignore_eos: bool = False, tokenizer: Any | None = None) -> None:
         self.engine = engine
         self.model_path = model_path
+        self.tokenizer = tokenizer
+        """Decodes responses into `text` and for `stop` strings; None: token ids only."""
         self.ignore_eos = ignore_eos
         self.weight_version = str(weight_version)
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -177,9 +229,9 @@ class EngineServer:
             return _error(f"the engine failed: {self._failure!r}", 503)
         try:
             body = await request.json()
-            gen = _request_from_body(body)
-            if (body.get("sampling_params") or {}).get("ignore_eos") and not self.ignore_eos:
-                raise _BadRequest("sampling_params.ignore_eos is a server setting here: start rollpacker serve --ignore-eos")
+            gen, params = _request_from_body(body, ignore_eos=self.ignore_eos)
+            if gen.stop and self.tokenizer is None:
+                raise _BadRequest(f"sampling_params.stop needs a tokenizer: {self.model_path} has none")
             if gen.request_id in self._waiters:
                 raise _BadRequest(f"rid {gen.request_id!r} is already running")
             self.engine.submit([gen])
@@ -189,7 +241,8 @@ class EngineServer:
         self._waiters[gen.request_id] = queue
         started = time.monotonic()
         finish = lambda result: result_chunk(  # noqa: E731
-            result, len(gen.prompt_ids), time.monotonic() - started, gen.max_new_tokens
+            result, len(gen.prompt_ids), time.monotonic() - started, gen.max_new_tokens,
+            **self._text(gen, params, result),
         )
         if not body.get("stream"):
             try:
@@ -223,6 +276,15 @@ class EngineServer:
             self._abort_quietly([gen.request_id])
             raise
         return response
+
+    def _text(self, gen: GenerationRequest, params: dict, result: GenerationResult) -> dict:
+        """The response's `text` (with a tokenizer) and what a "stop" matched, as SGLang reports them:
+        a stop string ends the text before it, a stop token is left out of it (`no_stop_trim`: neither)."""
+        if self.tokenizer is None:
+            return {}
+        skip = params.get("skip_special_tokens", True) is not False
+        return stop_match(result, gen.stop, trim=not params.get("no_stop_trim"),
+                          decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=skip))
 
     def _abort_quietly(self, rids: list[str]) -> None:
         live = [r for r in rids if r in self._waiters]
@@ -327,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
     if web is None:
         from rollpacker.core.errors import ConfigError
 
-        raise ConfigError("rollpacker serve needs aiohttp: pip install 'rollpacker[sglang]'")
+        raise ConfigError("rollpacker serve needs aiohttp, which is not installed: pip install 'rollpacker[serve]'")
     from rollpacker.backends.embedded.engine import EmbeddedEngine
     from rollpacker.backends.models import resolve_model
 
@@ -338,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir, capacity=args.capacity, dtype=args.dtype, seed=args.seed,
         progress_every=args.progress_every, stop_token_ids=() if args.ignore_eos else None,
     )
-    server = EngineServer(engine, str(model_dir), ignore_eos=args.ignore_eos)
+    server = EngineServer(engine, str(model_dir), ignore_eos=args.ignore_eos, tokenizer=engine.tokenizer)
     try:
         web.run_app(server.app, host=args.host, port=args.port, print=lambda *a: log.info(*a),
                     handle_signals=True, shutdown_timeout=2.0, handler_cancellation=True)
