@@ -7,20 +7,13 @@ off, unless aborted), and one log-prob per token."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from engine_batches import MAX_NEW, request_specs, run_waves, spec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rollpacker.backends.embedded.engine import EmbeddedEngine
 from rollpacker.backends.models import load_model, tiny_random_llama
-from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
-
-MAX_NEW = 16
-# group g's prompt: short repeating patterns, so n-gram drafts also match a row's own context
-PROMPTS = [(5, 6, 7, 5, 6, 7, 5, 6), (901, 902, 903, 904, 901, 902), (42, 4242, 42, 4242, 42)]
-RESUMED = (17, 18, 19)
 
 
 @pytest.fixture(scope="module")
@@ -28,63 +21,11 @@ def model():
     return load_model(tiny_random_llama())[0]
 
 
-request_specs = st.lists(
-    st.fixed_dictionaries({
-        "max_new": st.integers(1, MAX_NEW),
-        "group": st.integers(0, len(PROMPTS) - 1),
-        "greedy": st.booleans(),
-        "resumed": st.integers(0, len(RESUMED)),
-        "wave": st.integers(0, 2),
-        "abort": st.booleans(),
-    }),
-    min_size=1, max_size=8,
-)
-
-
-def _requests(specs) -> list[GenerationRequest]:
-    return [GenerationRequest(f"r{i}", PROMPTS[s["group"]], s["max_new"], temperature=0.0 if s["greedy"] else 1.0,
-                              seed=i, resume_ids=RESUMED[: s["resumed"]], group=f"g{s['group']}")
-            for i, s in enumerate(specs)]
-
-
-def _run(engine, specs, timeout_s: float = 120.0) -> tuple[dict[str, GenerationResult], list[GenerationProgress]]:
-    """Submit wave by wave (later waves join while earlier ones run), abort the marked requests of
-    each wave just after a short poll, then collect every result; after close, nothing more."""
-    requests = _requests(specs)
-    results: dict[str, GenerationResult] = {}
-    progress: list[GenerationProgress] = []
-
-    def take(events) -> None:
-        for e in events:
-            if isinstance(e, GenerationResult):
-                assert e.request_id not in results, f"two results for {e.request_id}: {results[e.request_id]} and {e}"
-                results[e.request_id] = e
-            else:
-                progress.append(e)
-
-    for wave in range(3):
-        batch = [r for r, s in zip(requests, specs) if s["wave"] == wave]
-        if not batch:
-            continue
-        engine.submit(batch)
-        take(engine.poll(0.02))
-        engine.abort([r.request_id for r, s in zip(requests, specs) if s["wave"] == wave and s["abort"]])
-    deadline = time.monotonic() + timeout_s
-    while len(results) < len(requests):
-        assert time.monotonic() < deadline, f"only {len(results)} of {len(requests)} results in {timeout_s} s"
-        take(engine.poll(0.5))
-    engine.close()
-    take(engine.poll(0.0))  # a second result for any request would fail in take()
-    return results, progress
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=request_specs, capacity=st.integers(1, 4), spec_max_rows=st.sampled_from([0, 2, 4, 4]),
        spec_tokens=st.integers(1, 4), stops_on=st.booleans(), progress_every=st.integers(1, 4))
 # the bug of issue 24: a row ended by its prefill token (max_new_tokens 1) also got this step's decode token
-@example(specs=[{"max_new": 1, "group": 0, "greedy": True, "resumed": 0, "wave": 0, "abort": False},
-                {"max_new": 3, "group": 0, "greedy": True, "resumed": 0, "wave": 0, "abort": False}],
-         capacity=4, spec_max_rows=0, spec_tokens=4, stops_on=False, progress_every=1)
+@example(specs=[spec(1), spec(3)], capacity=4, spec_max_rows=0, spec_tokens=4, stops_on=False, progress_every=1)
 def test_no_result_is_longer_than_its_max_new_tokens(model, specs, capacity, spec_max_rows, spec_tokens,
                                                      stops_on, progress_every):
     vocab = model.config.vocab_size
@@ -93,7 +34,7 @@ def test_no_result_is_longer_than_its_max_new_tokens(model, specs, capacity, spe
     engine = EmbeddedEngine(model, capacity=capacity, stop_token_ids=tuple(stop_ids), spec_max_rows=spec_max_rows,
                             spec_tokens=spec_tokens, progress_every=progress_every)
     try:
-        results, progress = _run(engine, specs)
+        results, progress = run_waves(engine, specs)
     finally:
         engine.close()
     assert set(results) == {f"r{i}" for i in range(len(specs))}
@@ -116,10 +57,9 @@ def test_no_result_is_longer_than_its_max_new_tokens(model, specs, capacity, spe
 def test_speculation_stops_at_each_rows_cap_and_keeps_the_greedy_tokens(model):
     """One slot, so siblings run one after another: each drafts from the first one's greedy
     response and accepts up to its own cap, never past it, emitting exactly the first's prefix."""
-    specs = [{"max_new": m, "group": 1, "greedy": True, "resumed": 0, "wave": 0, "abort": False}
-             for m in (MAX_NEW, 1, 2, 3, 5, 8, MAX_NEW)]
+    specs = [spec(m, group=1) for m in (MAX_NEW, 1, 2, 3, 5, 8, MAX_NEW)]
     with EmbeddedEngine(model, capacity=1, stop_token_ids=(), spec_max_rows=1, spec_tokens=4) as engine:
-        results, _ = _run(engine, specs)
+        results, _ = run_waves(engine, specs)
         stats = engine.speculation_stats
     assert stats.num_accepted >= 5, stats  # drafts really ran (into the caps)
     first = results["r0"].token_ids
@@ -131,8 +71,8 @@ def test_speculation_stops_at_each_rows_cap_and_keeps_the_greedy_tokens(model):
 
 def test_a_one_token_request_beside_a_running_one_gets_one_token_and_one_result(model):
     """Issue 24's report (benchmarks/engine_throughput.py --quick, request e3), on its own."""
-    specs = [{"max_new": m, "group": 0, "greedy": False, "resumed": 0, "wave": 0, "abort": False} for m in (1, 5, 1)]
+    specs = [spec(m, greedy=False) for m in (1, 5, 1)]
     with EmbeddedEngine(model, capacity=2, stop_token_ids=()) as engine:
-        results, _ = _run(engine, specs)
+        results, _ = run_waves(engine, specs)
     assert {rid: (len(r.token_ids), r.finish_reason) for rid, r in results.items()} == {
         "r0": (1, "length"), "r1": (5, "length"), "r2": (1, "length")}
