@@ -179,7 +179,7 @@ class Session:
 def engine_options(config: RunConfig, kv_tokens_per_row: int) -> dict:
     """The embedded engine's knobs from the run's flags (the model, seed and device aside)."""
     return dict(capacity=config.engine_capacity, spec_max_rows=config.spec_max_rows, spec_tokens=config.spec_tokens,
-                kv_tokens_per_row=kv_tokens_per_row, cuda_graphs=None if config.cuda_graphs else False)
+                kv_tokens_per_row=kv_tokens_per_row or None, cuda_graphs=None if config.cuda_graphs else False)
 
 
 def build_trainer(config: RunConfig, model_dir):

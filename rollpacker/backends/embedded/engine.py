@@ -64,7 +64,8 @@ class EmbeddedEngine:
     faster there), matmul on CUDA (graph-friendly, no per-head copy of the cache).  cuda_graphs: replay
     decode steps as CUDA graphs (None: on CUDA; True on CPU is an error); with kv_tokens_per_row every
     graph is captured here, before the first request (`capture_s` is the time spent), else whenever
-    the growing cache takes a new size.  spec_max_rows: speculative decoding when at most this many rows run (0: off; None:
+    the growing cache takes a new size.
+    spec_max_rows: speculative decoding when at most this many rows run (0: off; None:
     `SPEC_MAX_ROWS_CUDA` on CUDA, off on CPU, where a 5-token forward costs 1.3-2x a 1-token one and
     speculation measured 0.85-1.04x at 1-4 rows); spec_tokens: draft tokens per row and verify step; spec_ngram: longest suffix matched.
     kv_tokens_per_row: KV cache columns per row allocated at once (the longest prompt plus the most
