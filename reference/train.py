@@ -103,7 +103,7 @@ def interrupted_line(config: RunConfig, run_dir: RunDir) -> str:
     return f"interrupted at step {step}; --resume {run_dir.path} continues"
 
 
-RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device")
+RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device", "cuda_graphs")
 """Flags a resume takes from the command line; every other one comes from the saved config."""
 
 

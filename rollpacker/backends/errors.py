@@ -8,6 +8,7 @@ answers wrongly.  A driver that catches `BackendError` catches every backend fai
             ServerRejected      a server answered an HTTP error or `success: false`
             BackendProtocolError  a server answered something that is not SGLang's wire format
         EngineFailed            the embedded engine's decode thread died (cause chained)
+            GraphCaptureFailed  a CUDA graph of a decode bucket could not be captured (no silent eager fallback)
         RewardExecutorFailed    the reward executor's dispatcher thread died, or a worker
                                 process could not be started (cause chained)
         InvalidMicroBatch       a trainer refuses a micro-batch (also a `ValueError`)
@@ -46,6 +47,12 @@ class EngineFailed(BackendError):
     """The embedded engine's decode thread died; the cause is chained."""
 
 
+class GraphCaptureFailed(EngineFailed):
+    """Capturing the CUDA graph of one decode bucket failed; the message names the bucket, the
+    cause is chained.  Raised instead of decoding eagerly, which would silently change what a
+    benchmark or a policy comparison measures."""
+
+
 class RewardExecutorFailed(BackendError):
     """The reward executor cannot score any more (its dispatcher thread died, or a worker process
     could not be started); the cause is chained."""
@@ -59,6 +66,7 @@ __all__ = [
     "BackendError",
     "BackendProtocolError",
     "EngineFailed",
+    "GraphCaptureFailed",
     "InvalidMicroBatch",
     "RewardExecutorFailed",
     "SGLangError",

@@ -105,6 +105,10 @@ class RunConfig:
     CUDA, off on CPU (measured no faster there)."""
     spec_tokens: int = 4
     """Embedded engine: draft tokens per row and verify step."""
+    cuda_graphs: bool = True
+    """Embedded engine on CUDA: replay decode steps as CUDA graphs, every one captured when the engine
+    starts (before the first step; the step records' graph_capture_s); --no-cuda-graphs decodes
+    eagerly.  No effect on CPU."""
     temperature: float = 1.0
     """Sampling temperature."""
     top_p: float = 1.0

@@ -124,9 +124,8 @@ class Session:
             return SGLangEngine(list(self.config.sglang_urls), model_config_dir=self.model_dir)
         from rollpacker.backends.embedded.engine import EmbeddedEngine
 
-        return EmbeddedEngine(model, capacity=self.config.engine_capacity, seed=self.config.seed, device=self.device,
-                              spec_max_rows=self.config.spec_max_rows, spec_tokens=self.config.spec_tokens,
-                              kv_tokens_per_row=self.memory_plan.kv_tokens_per_row)
+        return EmbeddedEngine(model, seed=self.config.seed, device=self.device,
+                              **engine_options(self.config, self.memory_plan.kv_tokens_per_row))
 
     @property
     def step(self) -> int:
@@ -152,6 +151,8 @@ class Session:
         if report is not None:
             record.update({f"reward_{k}": v for k, v in _as_dict(report).items()})
             record.update({f"reward_metric_{k}": v for k, v in getattr(report, "metrics", {}).items()})
+        if getattr(self.engine, "capture_s", 0):  # CUDA graphs, captured before the first step: not in its time
+            record["graph_capture_s"] = round(self.engine.capture_s, 3)
         spec = getattr(self.engine, "speculation_stats", None)
         if spec is not None:  # cumulative over the run: accepted draft tokens per row and verify step
             record.update(spec_verify_steps=spec.num_verify_steps,
@@ -173,6 +174,12 @@ class Session:
                 part.close()
             except Exception:  # noqa: BLE001 - closing on the way out must not mask the real error
                 pass
+
+
+def engine_options(config: RunConfig, kv_tokens_per_row: int) -> dict:
+    """The embedded engine's knobs from the run's flags (the model, seed and device aside)."""
+    return dict(capacity=config.engine_capacity, spec_max_rows=config.spec_max_rows, spec_tokens=config.spec_tokens,
+                kv_tokens_per_row=kv_tokens_per_row or None, cuda_graphs=None if config.cuda_graphs else False)
 
 
 def build_trainer(config: RunConfig, model_dir):

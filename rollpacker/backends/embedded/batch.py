@@ -183,6 +183,9 @@ class RunningBatch:
         now = time.monotonic()
         for row, tok, lp in zip(admit, tokens.tolist(), logprobs.tolist()):
             self._append(row, tok, lp, now)
+        # a row that its first token already ended (max_new_tokens 1, a stop token) leaves now,
+        # before this step's decode would give it a token past its end (and a second result)
+        self._compact()
 
     def _stop_string(self, row: Row) -> bool:
         """Whether the response's text now holds one of the request's stop strings.  Only its tail
@@ -206,6 +209,8 @@ class RunningBatch:
 
     def _append(self, row: Row, token: int, logprob: float, now: float) -> bool:
         """Record one generated token; finish the row on a stop token or its length.  True if done."""
+        if row.is_done:  # a finished row left the batch at the last compact: never decode it again
+            raise RuntimeError(f"request {row.rid!r}: a token after the request finished (engine bug)")
         row.tokens.append(token)
         row.logprobs.append(logprob)
         n = row.num_generated

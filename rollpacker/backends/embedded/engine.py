@@ -63,8 +63,11 @@ class EmbeddedEngine:
     admitted together (prefill is batched), or when every waiting request fits.
     max_prefill_tokens: prompt tokens admitted per prefill (at least one request).
     attention: "matmul" or "sdpa" for decode (see `runner`); None: sdpa on CPU (measured
-    faster there), matmul on CUDA (graph-friendly, no per-head copy of the cache).  cuda_graphs: None = on
-    CUDA.  spec_max_rows: speculative decoding when at most this many rows run (0: off; None:
+    faster there), matmul on CUDA (graph-friendly, no per-head copy of the cache).  cuda_graphs: replay
+    decode steps as CUDA graphs (None: on CUDA; True on CPU is an error); with kv_tokens_per_row every
+    graph is captured here, before the first request (`capture_s` is the time spent), else whenever
+    the growing cache takes a new size.
+    spec_max_rows: speculative decoding when at most this many rows run (0: off; None:
     `SPEC_MAX_ROWS_CUDA` on CUDA, off on CPU, where a 5-token forward costs 1.3-2x a 1-token one and
     speculation measured 0.85-1.04x at 1-4 rows); spec_tokens: draft tokens per row and verify step; spec_ngram: longest suffix matched.
     kv_tokens_per_row: KV cache columns per row allocated at once (the longest prompt plus the most
@@ -102,6 +105,8 @@ class EmbeddedEngine:
             raise ConfigError(f"admit_fraction must be in [0, 1], got {admit_fraction}")
         if attention not in (None, "matmul", "sdpa"):
             raise ConfigError(f"attention must be 'matmul' or 'sdpa' (None: by device), got {attention!r}")
+        if kv_tokens_per_row is not None and kv_tokens_per_row < 1:
+            raise ConfigError(f"kv_tokens_per_row must be >= 1 (None: grow as needed), got {kv_tokens_per_row}")
         speculator = Speculator(max_rows=spec_max_rows or 0, num_tokens=spec_tokens, ngram=spec_ngram)
         if model is None or isinstance(model, (str, os.PathLike)):
             model, tokenizer = load_model(model, dtype=dtype, device=device)
@@ -116,12 +121,18 @@ class EmbeddedEngine:
         self.stop_token_ids = frozenset(eos_ids if stop_token_ids is None else stop_token_ids)
         pad = config.pad_token_id if config.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
         on_cuda = next(model.parameters()).device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise ConfigError(f"cuda_graphs=True needs the model on CUDA; it is on {next(model.parameters()).device}")
         if attention is None:
             attention = "matmul" if on_cuda else "sdpa"
         if spec_max_rows is None and on_cuda:
             speculator.max_rows = SPEC_MAX_ROWS_CUDA
         runner = Runner(model, pad_token_id=int(pad), capacity=capacity, attention=attention,
-                        use_graphs=cuda_graphs, cols_per_slot=kv_tokens_per_row)
+                        use_graphs=cuda_graphs, cols_per_slot=kv_tokens_per_row,
+                        verify_rows=speculator.max_rows, verify_tokens=speculator.num_tokens)
+        if runner.use_graphs and kv_tokens_per_row is not None:
+            runner.reserve(kv_tokens_per_row)  # the cache and every decode graph, before any step
+        self._runner = runner
         self._capacity = capacity
         self._device = runner.device
         # Owned by the loop thread.
@@ -148,6 +159,12 @@ class EmbeddedEngine:
 
         self._thread = threading.Thread(target=self._loop, name="rollpacker-embedded", daemon=True)
         self._thread.start()
+
+    @property
+    def capture_s(self) -> float:
+        """Seconds spent capturing CUDA graphs (0 without them); never part of a step's time when
+        the engine was built with kv_tokens_per_row (all captured in the constructor)."""
+        return self._runner.capture_s
 
     @property
     def speculation_stats(self) -> SpeculationStats:

@@ -22,19 +22,28 @@ Theory of operation
 
     On CUDA a decode step is launch-bound for small models (one kernel launch is ~27 us and a
     30-layer step launches hundreds), so decode forwards replay CUDA graphs: one per (rows bucket,
-    tokens per row, columns bucket), captured lazily on first use with the real inputs (the
-    warm-up therefore writes exactly the values the step needs), replayed with the inputs copied
-    into static tensors.  Padding rows of a bucket sit in free slots at length 0.  Weight updates
-    copy into the same parameter tensors, so graphs stay valid; growing the buffers drops them.
+    tokens per row, columns bucket), replayed with the inputs copied into static tensors.  Padding
+    rows of a bucket sit in free slots at length 0.  Weight updates copy into the same parameter
+    tensors, so graphs stay valid.  Every graph the cache's length allows (`graph_keys`) is captured
+    together whenever the cache is allocated (`reserve`): with the length known up front
+    (`cols_per_slot`) that is once, when the engine starts, on the thread that builds it and before
+    any step, so no capture runs while a trainer uses the GPU from another thread and no capture
+    time lands in a timed step.  A cache that grows captures again (with
+    `capture_error_mode="thread_local"`, so another thread's CUDA calls stay legal meanwhile).  The
+    capture's dummy forwards write only the last columns of each slot, past every live row.  A
+    failed capture raises `GraphCaptureFailed` naming the bucket: never a silent eager fallback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 from transformers import AttentionInterface
+
+from rollpacker.backends.errors import GraphCaptureFailed
 
 log = logging.getLogger(__name__)
 
@@ -121,20 +130,26 @@ class _Graph:
         self.graph, self.ids, self.base, self.logits = graph, ids, base, logits
 
 
+GraphKey = tuple[int, int, int]
+"""(rows bucket, tokens per row, columns attended) of a decode forward."""
+
+
 class Runner:
     """Prefill, decode and verify forwards over one HF causal LM and its slot cache.
 
     attention: "matmul" (our grouped matmul kernel, graph-friendly) or "sdpa" (torch's fused
     kernels) for decode; prefill always uses SDPA.  use_graphs: capture decode in CUDA graphs
-    (None: on CUDA only).  col_multiple: the columns a decode attends to are rounded up to this
-    (a graph is reused for every length in its bucket).  cols_per_slot: allocate this many columns
-    per slot at once (prompt + max new tokens: the cache then never grows, and holds exactly what
-    a memory plan counts); None grows by doubling.
+    (None: on CUDA only; True elsewhere is an error).  col_multiple: the columns a decode attends
+    to are rounded up to this, or to the cache's length (a graph is reused for every length in its
+    bucket).  cols_per_slot: allocate this many columns per slot at once (prompt + max new tokens:
+    the cache then never grows, and holds exactly what a memory plan counts); None grows by
+    doubling.  verify_rows, verify_tokens: speculative verify forwards run at most this many rows
+    with up to this many draft tokens each (graphs are captured for those widths too).
     """
 
     def __init__(self, model, pad_token_id: int, capacity: int, *, attention: str = "matmul",
                  use_graphs: bool | None = None, col_multiple: int | None = None,
-                 cols_per_slot: int | None = None) -> None:
+                 cols_per_slot: int | None = None, verify_rows: int = 0, verify_tokens: int = 0) -> None:
         if attention not in ("matmul", "sdpa"):
             raise ValueError(f"attention must be 'matmul' or 'sdpa', got {attention!r}")
         self.model = model
@@ -153,13 +168,20 @@ class Runner:
         self.attention = attention
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = self.is_cuda if use_graphs is None else use_graphs
+        if self.use_graphs and not self.is_cuda:
+            raise ValueError(f"CUDA graphs need the model on CUDA; it is on {self.device}")
+        self.verify_rows, self.verify_tokens = min(verify_rows, capacity), verify_tokens
         self.col_multiple = col_multiple or (256 if self.is_cuda else 16)
         for module in model.modules():  # read only by our attention function
             if hasattr(module, "layer_idx"):
                 module._rollpacker_sdpa = attention == "sdpa"
         self.cache: SlotCache | None = None
-        self._graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._graphs: dict[GraphKey, _Graph] = {}
         self._pool = None
+        self.capture_s = 0.0
+        """Seconds spent capturing CUDA graphs so far (apart from any decode step's time)."""
+        self.decode_keys: set[GraphKey] = set()
+        """The (rows bucket, tokens per row, columns) of every decode so far, graphs or not."""
 
     # -- memory ------------------------------------------------------------------------------------
 
@@ -181,7 +203,11 @@ class Runner:
                                    self.dtype, self.device)
         else:
             self.cache = self.cache.grown(length)
+            if self.use_graphs:  # past a planned size, or none was given: every graph again
+                log.warning("KV cache grew to %d columns per slot; capturing its CUDA graphs again", length)
         self._graphs.clear()
+        if self.use_graphs:
+            self.capture_graphs()
 
     def release(self) -> None:
         """Give the cache's memory back (the engine is idle)."""
@@ -215,17 +241,21 @@ class Runner:
         """One forward of `tokens` [n, T] for the rows in slots 0..n-1, whose caches hold
         `row_len` tokens; returns next-token logits `[n, T, vocab]` float32."""
         n, t = tokens.shape
-        read_len = self._round_cols(max(row_len) + t)
-        self.reserve(read_len)
+        need = max(row_len) + t
+        self.reserve(need)
+        read_len = self._read_len(need)
+        self.decode_keys.add((self._bucket(n), t, read_len))
         base = torch.tensor(row_len, dtype=torch.long, device=self.device)
         tokens = tokens.to(self.device)
         if self.use_graphs:
             return self._replay(tokens, base, read_len)
         return self._logits(0, tokens, base, read_len)
 
-    def _round_cols(self, n: int) -> int:
+    def _read_len(self, need: int) -> int:
+        """Columns a forward that must see `need` of them attends to: `need` rounded up to the
+        column bucket, never past the cache (so a cache sized up front never grows for rounding)."""
         m = self.col_multiple
-        return -(-n // m) * m
+        return min(-(-need // m) * m, self.cache.length)
 
     def _logits(self, lo: int, ids: torch.Tensor, base: torch.Tensor, read_len: int) -> torch.Tensor:
         return self.lm_head(self._hidden(lo, ids, base, read_len)).float()
@@ -262,45 +292,74 @@ class Runner:
                 return min(size, self.capacity)
         return self.capacity
 
+    def graph_keys(self, length: int | None = None) -> list[GraphKey]:
+        """Every (rows bucket, tokens per row, columns) a decode can use with a cache of `length`
+        columns per slot (default: the cache's): one token per row at every rows bucket, and
+        2 .. verify_tokens + 1 per row at the buckets of up to verify_rows rows (a verify forward is
+        as wide as its longest draft)."""
+        length = self.cache.length if length is None else length
+        m = self.col_multiple
+        cols = sorted({min(c, length) for c in range(m, length + m, m)})
+        keys = [(r, 1, c) for r in self._buckets(self.capacity) for c in cols]
+        keys += [(r, t, c) for r in self._buckets(self.verify_rows) for t in range(2, self.verify_tokens + 2)
+                 for c in cols if c > t]
+        return keys
+
+    def _buckets(self, most_rows: int) -> list[int]:
+        """The rows buckets of 1 .. most_rows running rows (each bucket's smallest count, no loop over all)."""
+        counts = [1, *(size + 1 for size in _ROW_BUCKETS)]
+        return sorted({self._bucket(n) for n in counts if n <= most_rows})
+
+    def capture_graphs(self) -> None:
+        """Capture the graph of every key in `graph_keys` (dropping older ones); adds the time to
+        `capture_s`.  Raises `GraphCaptureFailed` naming the first bucket that fails."""
+        start = time.perf_counter()
+        self._graphs.clear()
+        torch.cuda.synchronize(self.device)
+        for key in self.graph_keys():
+            self._graphs[key] = self._capture(*key)
+        torch.cuda.synchronize(self.device)
+        self.capture_s += time.perf_counter() - start
+        log.info("captured %d CUDA graphs of decode in %.1f s", len(self._graphs), time.perf_counter() - start)
+
     def _replay(self, tokens: torch.Tensor, base: torch.Tensor, read_len: int) -> torch.Tensor:
         n, t = tokens.shape
-        rows = self._bucket(n)
-        key = (rows, t, read_len)
+        key = (self._bucket(n), t, read_len)
         graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._capture(rows, tokens, base, read_len)
-            if graph is None:  # capture failed: this runner decodes eagerly from now on
-                return self._logits(0, tokens, base, read_len)
-            self._graphs[key] = graph
-        else:
-            graph.ids[:n].copy_(tokens)
-            graph.ids[n:].fill_(self.pad_token_id)
-            graph.base[:n].copy_(base)
-            graph.base[n:].zero_()
-            graph.graph.replay()
+        if graph is None:  # graph_keys missed a shape the engine uses: a bug, never a silent eager step
+            raise GraphCaptureFailed(f"no CUDA graph was captured for {_describe(key)} (captured: "
+                                     f"{len(self._graphs)} graphs for {self.cache.length} columns)")
+        graph.ids[:n].copy_(tokens)
+        graph.ids[n:].fill_(self.pad_token_id)
+        graph.base[:n].copy_(base)
+        graph.base[n:].zero_()
+        graph.graph.replay()
         return graph.logits[:n]
 
-    def _capture(self, rows: int, tokens, base, read_len: int) -> _Graph | None:
-        n, t = tokens.shape
+    @torch.inference_mode()
+    def _capture(self, rows: int, t: int, read_len: int) -> _Graph:
+        """Capture one decode forward of `rows` x `t` tokens over `read_len` columns.  Its dummy
+        inputs write the last `t` columns of each slot: the cache was just allocated, or grown to at
+        least 64 columns past its longest row, so no live row reaches them."""
         ids = torch.full((rows, t), self.pad_token_id, dtype=torch.long, device=self.device)
-        static_base = torch.zeros(rows, dtype=torch.long, device=self.device)
-        ids[:n].copy_(tokens)
-        static_base[:n].copy_(base)
+        static_base = torch.full((rows,), self.cache.length - t, dtype=torch.long, device=self.device)
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up: the real step (idempotent writes)
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):  # warm-up outside the graph (lazy inits, autotuning)
                 self._logits(0, ids, static_base, read_len)
-            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 logits = self._logits(0, ids, static_base, read_len)
-        except Exception as exc:  # noqa: BLE001 - an uncapturable model still decodes, eagerly
-            log.warning("CUDA graph capture failed (%s); decoding eagerly", exc)
-            self.use_graphs = False
-            self._graphs.clear()
-            return None
-        graph.replay()
+        except Exception as exc:
+            raise GraphCaptureFailed(f"capturing the CUDA graph of {_describe((rows, t, read_len))} failed: "
+                                     f"{type(exc).__name__}: {exc}") from exc
         return _Graph(graph, ids, static_base, logits)
+
+
+def _describe(key: GraphKey) -> str:
+    rows, t, cols = key
+    return f"decode bucket rows={rows} tokens_per_row={t} columns={cols}"
