@@ -85,7 +85,7 @@ def interrupted_line(config: RunConfig, run_dir: RunDir) -> str:
     return f"interrupted at step {step}; --resume {run_dir.path} continues"
 
 
-RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device")
+RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device", "allow_failed_rewards")
 """Flags a resume takes from the command line; every other one comes from the saved config."""
 
 
@@ -146,6 +146,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
             bars.close()
             run_dir.log_step(record)
             run_dir.plot_timeline(session.loop.last_timeline, record, session.engine.capacity)
+            session.check_rewards(record)  # every reward failed: stop before the save, so a resume plays it again
             session.save()
             print(step_line(record), flush=True)
         session.save_hf()

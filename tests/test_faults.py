@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -153,6 +154,52 @@ def test_a_failed_save_is_one_line_keeps_the_previous_state_and_resumes(finished
     run_train("--resume", out, "--steps", 2, timeout=300)
     assert [r["step"] for r in records(out)] == [0, 1]
     assert len(trained_keys(out)) == len(set(trained_keys(out))) == 2 * 2
+
+
+# -- a broken reward function: counted per kind, named once, and a step with no reward stops the run --
+
+BROKEN_REWARDS = textwrap.dedent('''
+    import os, sys
+
+    def exits(data_source, solution_str, ground_truth, extra_info=None):
+        sys.exit(3)
+
+    def os_exits(data_source, solution_str, ground_truth, extra_info=None):
+        os._exit(3)
+
+    def returns_none(data_source, solution_str, ground_truth, extra_info=None):
+        return None
+''')
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("function,kind,needle", [
+    ("exits", "raised", "SystemExit: 3 (at {file}:5 in exits)"),
+    ("os_exits", "worker_died", "exited with code 3"),
+    ("returns_none", "bad_value", "returned None"),
+])
+def test_a_reward_function_that_exits_or_returns_none_stops_the_run_naming_it(tiny_model, tmp_path, function,
+                                                                               kind, needle):
+    rewards = tmp_path / "broken.py"
+    rewards.write_text(BROKEN_REWARDS)
+    needle = needle.format(file=rewards)
+    out = tmp_path / "run"
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1,
+                     "--reward", f"{rewards}:{function}", check=False, timeout=200)
+    line = assert_one_clear_line(proc, 2, "step 0: every reward failed", needle, f"--resume {out}",
+                                 "--allow-failed-rewards")
+    (warning,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: step 0: the reward function")]
+    assert f"({kind}): " in warning and needle in warning, warning
+    (record,) = records(out)  # the step is logged with its failures per kind, but not saved
+    failures = record["reward_failures_by_kind"]
+    assert failures[kind] == record["reward_failures"] > 0 and sum(failures.values()) == failures[kind], record
+    assert RunDir(out).saved_step() == 0, line
+    if function != "os_exits":
+        return
+    proc = run_train("--resume", out, "--allow-failed-rewards", timeout=200)  # the step again, on reward 0
+    assert "Traceback" not in proc.stderr and not error_lines(proc.stderr), proc.stderr[-3000:]
+    assert [r["step"] for r in records(out)] == [0] and RunDir(out).saved_step() == 1
+    assert f"reward 0.000 ({records(out)[0]['reward_failures']} failed)" in proc.stdout
 
 
 def test_hf_checkpoint_files_are_readable_by_others(finished_run):
