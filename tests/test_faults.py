@@ -121,11 +121,8 @@ def test_resume_with_no_steps_left_says_so_without_loading(finished_run):
 def test_ctrl_c_is_one_line_and_exit_130_then_resume_trains_every_prompt_once(tiny_model, tmp_path):
     out = tmp_path / "run"
     args = ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 4, "--max-tokens", 48]
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.time() + 200
-    while time.time() < deadline and not (RunDir(out).saved_step() or 0) >= 1:  # step 0 trained and saved
-        time.sleep(0.1)
+    proc = start_train(*args)
+    wait_for_saved_step(out, 1, proc)  # step 0 trained and saved
     time.sleep(0.7)  # inside the next step (on a loaded machine maybe still in its save: both must hold)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     _, stderr = proc.communicate(timeout=60)
@@ -136,6 +133,96 @@ def test_ctrl_c_is_one_line_and_exit_130_then_resume_trains_every_prompt_once(ti
     run_train("--resume", out, timeout=300)
     assert [r["step"] for r in records(out)] == [0, 1, 2, 3]
     assert len(trained_keys(out)) == len(set(trained_keys(out))) == 4 * 2, "a prompt was lost or trained twice"
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_is_one_line_and_exit_143_then_resume_trains_every_prompt_once(tiny_model, tmp_path):
+    """What a job scheduler or `kill` sends: the same way out as Ctrl-C, with the conventional 128 + 15."""
+    out = tmp_path / "run"
+    args = ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 3, "--max-tokens", 48]
+    proc = start_train(*args)
+    wait_for_saved_step(out, 1, proc)
+    time.sleep(0.7)  # inside the next step (or still in its save: both must hold)
+    os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as a scheduler does; the reward workers ignore it
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
+    step = RunDir(out).saved_step()
+    assert step is not None and step >= 1 and len(records(out)) in (step, step + 1)
+    assert stderr.strip().splitlines()[-1] == f"terminated (SIGTERM) at step {step}; --resume {out} continues"
+    run_train("--resume", out, timeout=300)
+    assert [r["step"] for r in records(out)] == [0, 1, 2]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 3 * 2, "a prompt was lost or trained twice"
+
+
+def start_train(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_saved_step(out: Path, step: int, proc: subprocess.Popen, timeout_s: float = 250) -> None:
+    """Until `out` holds the state of `step` finished steps (generous: the machine may be loaded)."""
+    deadline = time.monotonic() + timeout_s
+    while (RunDir(out).saved_step() or 0) < step:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"no state of step {step} in {out} after {timeout_s} s"
+        time.sleep(0.1)
+
+
+# -- one trainer per run directory ----------------------------------------------------------------
+
+@pytest.mark.timeout(500)
+def test_a_second_trainer_on_a_live_run_directory_is_refused_naming_the_pid(tiny_model, tmp_path):
+    """A --compare run holds its directory and each policy's; a new run, a --resume or another
+    --compare there is one line naming its PID, and nothing of the live run changes.  A kill -9
+    leaves no stale lock behind."""
+    out = tmp_path / "compare"
+    live = start_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--compare", "sync,tail",
+                       "--steps", 200)
+    try:
+        wait_for_saved_step(out / "sync", 1, live)
+        attempts = {
+            "new run": ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1],
+            "resume": ["--resume", out / "sync", "--steps", 300],
+            "compare": ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--compare", "sync,tail"],
+        }
+        for name, args in attempts.items():
+            proc = run_train(*args, check=False, timeout=100)
+            line = assert_one_clear_line(proc, 2, f"process {live.pid} holds", "in use")
+            assert "Loading weights" not in proc.stderr, (name, line)
+        assert live.poll() is None, "the live run was disturbed"
+    finally:
+        os.killpg(live.pid, signal.SIGKILL)
+        live.communicate(timeout=60)
+    steps = [r["step"] for r in records(out / "sync")]
+    assert steps == list(range(len(steps))), "a step was logged twice"
+    done = RunDir(out / "sync").saved_step()
+    proc = run_train("--resume", out / "sync", "--steps", done, timeout=100)  # the lock died with the process
+    assert "nothing to do" in proc.stdout, proc.stderr[-3000:]
+
+
+# -- a damaged state/: one line naming the file and the way out, before anything loads ------------
+
+STATE_FILES = ("config.json", "scheduler.json", "sizes.json", "trainer/.metadata", "trainer/__0_0.distcp",
+               "trainer/rollpacker_trainer.json")
+"""Every file a 1-step tiny run leaves in state/ (checked against `finished_run`)."""
+
+
+def test_the_damaged_state_cases_cover_every_state_file(finished_run):
+    state = finished_run / "state"
+    assert sorted(str(f.relative_to(state)) for f in state.rglob("*") if f.is_file()) == sorted(STATE_FILES)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", STATE_FILES)
+def test_resume_from_a_truncated_state_file_is_one_line_naming_it(finished_run, tmp_path, name):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    damaged = out / "state" / name
+    os.truncate(damaged, damaged.stat().st_size // 2)
+    proc = run_train("--resume", out, "--steps", 2, check=False, timeout=200)
+    assert_one_clear_line(proc, 2, f"--resume {out}", str(damaged), "fresh --out",
+                          f"--model {out / 'checkpoints' / 'step_1'}")
+    assert "Loading weights" not in proc.stderr and [r["step"] for r in records(out)] == [0]
 
 
 def _limit_file_size() -> None:

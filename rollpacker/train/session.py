@@ -142,7 +142,18 @@ class Session:
 
     def restore_trainer(self, state_dir: Path) -> None:
         """Load the trainer's state and give its weights to the engine (resume)."""
-        self.trainer.load(state_dir / "trainer")
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+        try:
+            self.trainer.load(state_dir / "trainer")
+        except ConfigError:
+            raise
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - damage the sizes missed (flipped bytes)
+            if isinstance(exc, CheckpointException) and exc.failures:  # rank -> (exception, traceback)
+                failure = next(iter(exc.failures.values()))
+                exc = failure[0] if isinstance(failure, tuple) else failure
+            line = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            raise self.run_dir.corrupt(state_dir / "trainer", f"could not be loaded ({line})") from None
         self.sync_weights()
 
     def sync_weights(self) -> None:
