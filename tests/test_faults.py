@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rollpacker.train.outputs import RunDir
+from rollpacker.train.outputs import RunDir, interrupt_after
 from test_reference_train import ROOT, TRAIN, records, run_train, tiny_model  # noqa: F401 - fixture
 
 STATE_FILE_LIMIT = 30 << 20
@@ -152,6 +152,31 @@ def test_sigterm_is_one_line_and_exit_143_then_resume_trains_every_prompt_once(t
     run_train("--resume", out, timeout=300)
     assert [r["step"] for r in records(out)] == [0, 1, 2]
     assert len(trained_keys(out)) == len(set(trained_keys(out))) == 3 * 2, "a prompt was lost or trained twice"
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated
+
+
+@pytest.mark.parametrize("sig,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, _Terminated)])
+def test_ctrl_c_or_sigterm_during_the_state_save_waits_for_it_then_stops(sig, raised):
+    """torch's writers turn an exception raised inside a write into a failed save: the signal waits
+    for the end of the save, then its handler (the trainer's) runs."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    finished = []
+    try:
+        with pytest.raises(raised):
+            with interrupt_after():
+                os.kill(os.getpid(), sig)
+                time.sleep(0.2)  # a handler would have run by now
+                finished.append(True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert finished == [True]
 
 
 def start_train(*args) -> subprocess.Popen:

@@ -173,7 +173,7 @@ class Session:
             record.update({f"reward_metric_{k}": v for k, v in getattr(report, "metrics", {}).items()})
             record["reward_failures_by_kind"] = dict(report.failures_by_kind)
             self._show_first_errors(record["step"], report.first_errors)
-            self._failed_step = report.num_failed and not report.num_scored
+            self._failed_step = report.num_failed > 0 and report.num_scored == 0
             self._first_error = next(iter(report.first_errors.items()), ("", ""))
         spec = getattr(self.engine, "speculation_stats", None)
         if spec is not None:  # cumulative over the run: accepted draft tokens per row and verify step
@@ -197,10 +197,12 @@ class Session:
             return
         counts = ", ".join(f"{kind} {n}" for kind, n in record["reward_failures_by_kind"].items() if n)
         kind, error = self._first_error
+        fix = f"--reward-deadline-s (now {self.config.reward_deadline_s:g})" if kind == "timeout" else \
+            f"--reward {self.config.reward_name()}"
         raise RewardsFailed(
-            f"step {record['step']}: every reward failed ({counts}; first, {kind}: {error}); fix --reward "
-            f"{self.config.reward_name()} and --resume {self.run_dir.path} (the step is played again), or pass "
-            f"--allow-failed-rewards to train on reward 0")
+            f"step {record['step']}: every reward failed ({counts}; first, {kind}: {error}); fix {fix} and "
+            f"--resume {self.run_dir.path} (the step is played again), or pass --allow-failed-rewards to train "
+            f"on reward 0")
 
     def save(self) -> None:
         """Resumable state after a finished step, and an HF checkpoint of its weights."""
