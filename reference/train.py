@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,38 +42,50 @@ def missing_package(exc: ModuleNotFoundError) -> int:
 try:
     from rollpacker.core.errors import ConfigError, RollpackerError
     from rollpacker.train.config import KNOB_SECTIONS, RunConfig, parse
-    from rollpacker.train.outputs import RunDir
+    from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
     from rollpacker.train.progress import StageBars, step_line
     from rollpacker.train.session import Session, follower_main, init_distributed_env
 except ModuleNotFoundError as _exc:
     sys.exit(missing_package(_exc))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C is: the run stops between saves, with a line saying how to go on."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str]) -> int:
     config = parse(argv)
+    rank, world = init_distributed_env()
     if config.resume is not None:
+        if rank == 0:  # one trainer per directory, and its state whole, before anything is read from it
+            RunDir(config.resume).lock("--resume").check_state()
         config = resumed_config(config, argv)
     config.validate()  # bad flags fail here, before any model is loaded
 
-    rank, world = init_distributed_env()
     if rank > 0:
         follower_main(config)
         return 0
-    run_dir = RunDir(config.out)  # not writable: one line naming --out, before any model loads
+    run_dir = RunDir(config.out).lock()  # not writable, or in use: one line naming --out, before any model loads
     if not has_work(config, run_dir):
         return 0
     run_dir.check_dataset(config.dataset, resume=config.resume is not None)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
             rest = [a for i, a in enumerate(argv) if not a.startswith("--nproc") and not (i and argv[i - 1] == "--nproc")]
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc}", __file__, *rest]
-            return subprocess.call(cmd)
+            return subprocess.call(cmd, env={**os.environ, LOCK_HOLDER_ENV: str(os.getpid())})
         if config.compare:
             return compare(config)
         train(config, run_dir, resume=config.resume is not None)
-    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (reward workers ignore SIGINT)
-        print(interrupted_line(config, run_dir), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line, no traceback (reward workers ignore both)
+        print(interrupted_line(config, run_dir, "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"),
+              file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     print(f"\noutputs in {run_dir.path}/: metrics.jsonl, tensorboard/, timeline.png, summary.png, "
           f"checkpoints/ (HF safetensors), state/ (resume with --resume {run_dir.path})")
     return 0
@@ -94,16 +108,16 @@ def has_work(config: RunConfig, run_dir: RunDir) -> bool:
     return True
 
 
-def interrupted_line(config: RunConfig, run_dir: RunDir) -> str:
+def interrupted_line(config: RunConfig, run_dir: RunDir, what: str = "interrupted") -> str:
     if config.compare:
-        return "interrupted; --compare runs do not resume: run it again with a fresh --out"
+        return f"{what}; --compare runs do not resume: run it again with a fresh --out"
     step = run_dir.saved_step()
     if step is None:
-        return f"interrupted before the first state was saved; nothing to resume in {run_dir.path}"
-    return f"interrupted at step {step}; --resume {run_dir.path} continues"
+        return f"{what} before the first state was saved; nothing to resume in {run_dir.path}"
+    return f"{what} at step {step}; --resume {run_dir.path} continues"
 
 
-RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device", "cuda_graphs")
+RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device", "cuda_graphs", "allow_failed_rewards")
 """Flags a resume takes from the command line; every other one comes from the saved config."""
 
 
@@ -164,6 +178,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
             bars.close()
             run_dir.log_step(record)
             run_dir.plot_timeline(session.loop.last_timeline, record, session.engine.capacity)
+            session.check_rewards(record)  # every reward failed: stop before the save, so a resume plays it again
             session.save()
             print(step_line(record), flush=True)
         session.save_hf()
@@ -177,10 +192,12 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
 def compare(config: RunConfig) -> int:
     """Each policy from the same initial weights and seed; step-time ratio and reward curves."""
     results = {}
-    for name in config.compare_policies():
-        sub = dataclasses.replace(config, policy=name, compare=None, out=Path(config.out) / name)
+    subs = {name: dataclasses.replace(config, policy=name, compare=None, out=Path(config.out) / name)
+            for name in config.compare_policies()}
+    run_dirs = {name: RunDir(sub.out).lock() for name, sub in subs.items()}  # each policy's run is ours alone
+    for name, sub in subs.items():
         print(f"\n== {name} ==")
-        results[name] = train(sub, RunDir(sub.out), policy=name)
+        results[name] = train(sub, run_dirs[name], policy=name)
     summary = compare_summary(results)
     out = Path(config.out)
     (out / "compare.json").write_text(json.dumps(summary, indent=1))

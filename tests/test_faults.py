@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rollpacker.train.outputs import RunDir
+from rollpacker.train.outputs import RunDir, interrupt_after
 from test_reference_train import ROOT, TRAIN, records, run_train, tiny_model  # noqa: F401 - fixture
 
 STATE_FILE_LIMIT = 30 << 20
@@ -120,11 +121,8 @@ def test_resume_with_no_steps_left_says_so_without_loading(finished_run):
 def test_ctrl_c_is_one_line_and_exit_130_then_resume_trains_every_prompt_once(tiny_model, tmp_path):
     out = tmp_path / "run"
     args = ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 4, "--max-tokens", 48]
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.time() + 200
-    while time.time() < deadline and not (RunDir(out).saved_step() or 0) >= 1:  # step 0 trained and saved
-        time.sleep(0.1)
+    proc = start_train(*args)
+    wait_for_saved_step(out, 1, proc)  # step 0 trained and saved
     time.sleep(0.7)  # inside the next step (on a loaded machine maybe still in its save: both must hold)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     _, stderr = proc.communicate(timeout=60)
@@ -135,6 +133,121 @@ def test_ctrl_c_is_one_line_and_exit_130_then_resume_trains_every_prompt_once(ti
     run_train("--resume", out, timeout=300)
     assert [r["step"] for r in records(out)] == [0, 1, 2, 3]
     assert len(trained_keys(out)) == len(set(trained_keys(out))) == 4 * 2, "a prompt was lost or trained twice"
+
+
+@pytest.mark.timeout(400)
+def test_sigterm_is_one_line_and_exit_143_then_resume_trains_every_prompt_once(tiny_model, tmp_path):
+    """What a job scheduler or `kill` sends: the same way out as Ctrl-C, with the conventional 128 + 15."""
+    out = tmp_path / "run"
+    args = ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 3, "--max-tokens", 48]
+    proc = start_train(*args)
+    wait_for_saved_step(out, 1, proc)
+    time.sleep(0.7)  # inside the next step (or still in its save: both must hold)
+    os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as a scheduler does; the reward workers ignore it
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
+    step = RunDir(out).saved_step()
+    assert step is not None and step >= 1 and len(records(out)) in (step, step + 1)
+    assert stderr.strip().splitlines()[-1] == f"terminated (SIGTERM) at step {step}; --resume {out} continues"
+    run_train("--resume", out, timeout=300)
+    assert [r["step"] for r in records(out)] == [0, 1, 2]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 3 * 2, "a prompt was lost or trained twice"
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated
+
+
+@pytest.mark.parametrize("sig,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, _Terminated)])
+def test_ctrl_c_or_sigterm_during_the_state_save_waits_for_it_then_stops(sig, raised):
+    """torch's writers turn an exception raised inside a write into a failed save: the signal waits
+    for the end of the save, then its handler (the trainer's) runs."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    finished = []
+    try:
+        with pytest.raises(raised):
+            with interrupt_after():
+                os.kill(os.getpid(), sig)
+                time.sleep(0.2)  # a handler would have run by now
+                finished.append(True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert finished == [True]
+
+
+def start_train(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_saved_step(out: Path, step: int, proc: subprocess.Popen, timeout_s: float = 250) -> None:
+    """Until `out` holds the state of `step` finished steps (generous: the machine may be loaded)."""
+    deadline = time.monotonic() + timeout_s
+    while (RunDir(out).saved_step() or 0) < step:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"no state of step {step} in {out} after {timeout_s} s"
+        time.sleep(0.1)
+
+
+# -- one trainer per run directory ----------------------------------------------------------------
+
+@pytest.mark.timeout(500)
+def test_a_second_trainer_on_a_live_run_directory_is_refused_naming_the_pid(tiny_model, tmp_path):
+    """A --compare run holds its directory and each policy's; a new run, a --resume or another
+    --compare there is one line naming its PID, and nothing of the live run changes.  A kill -9
+    leaves no stale lock behind."""
+    out = tmp_path / "compare"
+    live = start_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--compare", "sync,tail",
+                       "--steps", 200)
+    try:
+        wait_for_saved_step(out / "sync", 1, live)
+        attempts = {
+            "new run": ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1],
+            "resume": ["--resume", out / "sync", "--steps", 300],
+            "compare": ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--compare", "sync,tail"],
+        }
+        for name, args in attempts.items():
+            proc = run_train(*args, check=False, timeout=100)
+            line = assert_one_clear_line(proc, 2, f"process {live.pid} holds", "in use")
+            assert "Loading weights" not in proc.stderr, (name, line)
+        assert live.poll() is None, "the live run was disturbed"
+    finally:
+        os.killpg(live.pid, signal.SIGKILL)
+        live.communicate(timeout=60)
+    steps = [r["step"] for r in records(out / "sync")]
+    assert steps == list(range(len(steps))), "a step was logged twice"
+    done = RunDir(out / "sync").saved_step()
+    proc = run_train("--resume", out / "sync", "--steps", done, timeout=100)  # the lock died with the process
+    assert "nothing to do" in proc.stdout, proc.stderr[-3000:]
+
+
+# -- a damaged state/: one line naming the file and the way out, before anything loads ------------
+
+STATE_FILES = ("config.json", "scheduler.json", "sizes.json", "trainer/.metadata", "trainer/__0_0.distcp",
+               "trainer/rollpacker_trainer.json")
+"""Every file a 1-step tiny run leaves in state/ (checked against `finished_run`)."""
+
+
+def test_the_damaged_state_cases_cover_every_state_file(finished_run):
+    state = finished_run / "state"
+    assert sorted(str(f.relative_to(state)) for f in state.rglob("*") if f.is_file()) == sorted(STATE_FILES)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", STATE_FILES)
+def test_resume_from_a_truncated_state_file_is_one_line_naming_it(finished_run, tmp_path, name):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    damaged = out / "state" / name
+    os.truncate(damaged, damaged.stat().st_size // 2)
+    proc = run_train("--resume", out, "--steps", 2, check=False, timeout=200)
+    assert_one_clear_line(proc, 2, f"--resume {out}", str(damaged), "fresh --out",
+                          f"--model {out / 'checkpoints' / 'step_1'}")
+    assert "Loading weights" not in proc.stderr and [r["step"] for r in records(out)] == [0]
 
 
 def _limit_file_size() -> None:
@@ -153,6 +266,52 @@ def test_a_failed_save_is_one_line_keeps_the_previous_state_and_resumes(finished
     run_train("--resume", out, "--steps", 2, timeout=300)
     assert [r["step"] for r in records(out)] == [0, 1]
     assert len(trained_keys(out)) == len(set(trained_keys(out))) == 2 * 2
+
+
+# -- a broken reward function: counted per kind, named once, and a step with no reward stops the run --
+
+BROKEN_REWARDS = textwrap.dedent('''
+    import os, sys
+
+    def exits(data_source, solution_str, ground_truth, extra_info=None):
+        sys.exit(3)
+
+    def os_exits(data_source, solution_str, ground_truth, extra_info=None):
+        os._exit(3)
+
+    def returns_none(data_source, solution_str, ground_truth, extra_info=None):
+        return None
+''')
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("function,kind,needle", [
+    ("exits", "raised", "SystemExit: 3 (at {file}:5 in exits)"),
+    ("os_exits", "worker_died", "exited with code 3"),
+    ("returns_none", "bad_value", "returned None"),
+])
+def test_a_reward_function_that_exits_or_returns_none_stops_the_run_naming_it(tiny_model, tmp_path, function,
+                                                                               kind, needle):
+    rewards = tmp_path / "broken.py"
+    rewards.write_text(BROKEN_REWARDS)
+    needle = needle.format(file=rewards)
+    out = tmp_path / "run"
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1,
+                     "--reward", f"{rewards}:{function}", check=False, timeout=200)
+    line = assert_one_clear_line(proc, 2, "step 0: every reward failed", needle, f"--resume {out}",
+                                 "--allow-failed-rewards")
+    (warning,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: step 0: the reward function")]
+    assert f"({kind}): " in warning and needle in warning, warning
+    (record,) = records(out)  # the step is logged with its failures per kind, but not saved
+    failures = record["reward_failures_by_kind"]
+    assert failures[kind] == record["reward_failures"] > 0 and sum(failures.values()) == failures[kind], record
+    assert RunDir(out).saved_step() == 0, line
+    if function != "os_exits":
+        return
+    proc = run_train("--resume", out, "--allow-failed-rewards", timeout=200)  # the step again, on reward 0
+    assert "Traceback" not in proc.stderr and not error_lines(proc.stderr), proc.stderr[-3000:]
+    assert [r["step"] for r in records(out)] == [0] and RunDir(out).saved_step() == 1
+    assert f"reward 0.000 ({records(out)[0]['reward_failures']} failed)" in proc.stdout
 
 
 def test_hf_checkpoint_files_are_readable_by_others(finished_run):

@@ -5,11 +5,13 @@ failures with reward 0."""
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 
 import pytest
 
-from rollpacker.backends.rewards.pool import ProcessRewardExecutor
+from rollpacker.backends.rewards.pool import FAILURE_KINDS, ProcessRewardExecutor
 from rollpacker.backends.data.tasks import UnknownTask, make_problems
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import RewardExecutor, RewardJob
@@ -23,6 +25,12 @@ def scorer_by_response(task, entry, response):
         raise RuntimeError("scorer exploded")
     if response == "nan":
         return math.nan
+    if response == "exit":
+        sys.exit(3)
+    if response == "os_exit":
+        os._exit(3)
+    if response == "none":
+        return None
     return float(response)
 
 
@@ -111,3 +119,27 @@ def test_bad_jobs_rejected():
     with ProcessRewardExecutor(num_workers=1) as ex:
         with pytest.raises(UnknownTask, match="chain_sum"):
             ex.submit(RewardJob("x", "no_such_task", {}, "1"))
+
+
+@pytest.mark.timeout(120)
+def test_sys_exit_os_exit_and_none_are_failures_of_their_kind_with_a_reason():
+    """sys.exit is an exception like any other; os._exit ends the worker process (the pool sees it
+    die, names its exit code and starts another); None is not a reward.  Each kind's first error
+    comes with the report."""
+    with ProcessRewardExecutor(num_workers=1, scorer=scorer_by_response) as ex:
+        for i, response in enumerate(("exit", "os_exit", "none", "nan", "exit", "hang")):
+            ex.submit(RewardJob(f"{response}{i}", "t", None, response, 2.0))
+        ex.submit(RewardJob("after", "t", None, "0.25", 30.0))
+        out = collect(ex, 7)
+        report = ex.step_report()
+    assert out["after"].status == "ok" and out["after"].reward == 0.25, "the pool scores on after a dead worker"
+    assert all(o.reward == 0.0 and o.failed for rid, o in out.items() if rid != "after")
+    assert report.failures_by_kind == {"raised": 2, "bad_value": 2, "timeout": 1, "worker_died": 1}
+    assert set(report.failures_by_kind) == set(FAILURE_KINDS)
+    first = report.first_errors
+    assert first["raised"].startswith("SystemExit: 3 (at ") and "in scorer_by_response" in first["raised"]
+    assert "exited with code 3" in first["worker_died"]
+    assert first["bad_value"].startswith("the scorer returned None") and "not a number" in first["bad_value"]
+    assert "deadline" in first["timeout"]
+    assert report.num_workers_replaced == 2  # the one that os._exit ended, the one that hung
+    assert not any("\n" in line for line in first.values())

@@ -121,6 +121,9 @@ class RunConfig:
     min(max(2 s, 1.5 x the slowest correct scoring so far), this); until a correct (positive-reward)
     answer is seen, this.  A scorer past its deadline is killed and the sample gets reward 0.  At 2 s
     or less the deadline is fixed at this."""
+    allow_failed_rewards: bool = False
+    """Go on when every reward of a step failed (the scorer raised, returned no number, hung or its
+    worker died: reward 0 for all); by default the run stops with one line naming the first error."""
     # -- training --------------------------------------------------------------------------------
     lr: float = 1e-5
     """AdamW learning rate (0: the weights stay fixed, a rollout-only measurement such as

@@ -5,10 +5,17 @@
     RUN_DIR/timeline.png           the last step: running requests against capacity, aborts, token split
     RUN_DIR/summary.png            step times, tokens/s, wasted-token share and mean reward per step
     RUN_DIR/checkpoints/step_N/    HF-format checkpoint (safetensors + config + tokenizer)
-    RUN_DIR/state/                 resumable state: trainer (DCP), scheduler (JSON), run config
+    RUN_DIR/state/                 resumable state: trainer (DCP), scheduler (JSON), run config, and
+                                   sizes.json (each file's size, checked before a resume reads any)
+    RUN_DIR/run.lock               the PID of the trainer running here (an OS lock while it runs)
 
 State is written to a temporary sibling and renamed, so a kill at any moment leaves either the old
-state or the new one, never half of one.
+state or the new one, never half of one.  A state damaged afterwards (a truncated copy, a full disk
+outside the run) is one line naming the file and the way out, not a traceback from the loader.
+
+One process at a time: the trainer holds an `fcntl.flock` on run.lock for its whole life, so a
+second trainer (a new run, a --resume, a --compare) on the same directory is refused with one line
+naming the PID, and a killed one (even kill -9) leaves no stale lock: the OS drops it with the process.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +40,10 @@ STATE = "state"
 SCHEDULER_FILE = "scheduler.json"
 CONFIG_FILE = "config.json"
 DATASET_MARK = "dataset.sha256"
+SIZES_FILE = "sizes.json"
+LOCK_FILE = "run.lock"
+LOCK_HOLDER_ENV = "ROLLPACKER_RUN_LOCK_HOLDER"
+"""Set by a trainer that holds the lock for the processes it launches (--nproc: torchrun's rank 0)."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -45,8 +58,20 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+_HELD_LOCKS: dict[Path, int] = {}
+"""run.lock files this process holds, with their open descriptors (kept open until it exits)."""
+
+
 class SaveError(RollpackerError):
     """Writing the run's state or a checkpoint failed (disk full, read-only, ...); names the path."""
+
+
+class StateCorrupt(RollpackerError):
+    """A file of the saved state is missing, cut short or unreadable; names it and the way out."""
+
+
+class RunDirLocked(RollpackerError):
+    """Another process runs a trainer in this directory; names its PID."""
 
 
 def os_reason(exc: BaseException, path: Path) -> str:
@@ -71,19 +96,22 @@ def write_errors() -> tuple[type[BaseException], ...]:
 
 @contextlib.contextmanager
 def interrupt_after():
-    """Hold Ctrl-C until the block ends: torch's writers turn a KeyboardInterrupt raised inside a
-    write into RuntimeError("unexpected pos"), so a save finishes first and the interrupt follows."""
+    """Hold Ctrl-C and SIGTERM until the block ends: torch's writers turn an exception raised inside
+    a write into RuntimeError("unexpected pos"), so a save finishes first and the signal follows (its
+    own handler then runs: KeyboardInterrupt, or the trainer's SIGTERM line)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pressed = []
-    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    previous = {sig: signal.signal(sig, lambda signum, _: pressed.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if pressed:
-        raise KeyboardInterrupt
+        signal.raise_signal(pressed[0])
 
 
 class RunDir:
@@ -98,6 +126,28 @@ class RunDir:
             raise ConfigError(f"--out {self.path}: cannot write there ({os_reason(exc, self.path)})") from None
         self.metrics_path = self.path / "metrics.jsonl"
         self._tb = None
+
+    def lock(self, flag: str = "--out") -> RunDir:
+        """Hold run.lock for the life of this process (the OS releases it when the process ends,
+        however it ends); another holder is one line naming its PID and `flag`."""
+        path = self.path / LOCK_FILE
+        if path.resolve() in _HELD_LOCKS:  # flock: a second open() of the file would not share the lock
+            return self
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            if holder is not None and os.environ.get(LOCK_HOLDER_ENV) == str(holder):
+                return self  # the trainer that launched this process (--nproc) holds it for us
+            raise RunDirLocked(f"{flag} {self.path} is in use: process {holder or '(unknown)'} holds {path} (a "
+                               f"trainer running there); wait for it to end or stop it (--resume {self.path} "
+                               f"continues it then), or use a fresh --out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        _HELD_LOCKS[path.resolve()] = fd
+        return self
 
     def holds_a_run(self) -> bool:
         """Whether an earlier run left metrics, state or checkpoints here."""
@@ -221,6 +271,8 @@ class RunDir:
             trainer.save(tmp / "trainer")
             (tmp / SCHEDULER_FILE).write_text(json.dumps(scheduler))
             (tmp / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=1))
+            sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+            (tmp / SIZES_FILE).write_text(json.dumps(sizes, indent=1))
         except write_errors() as exc:  # torch reports a full disk as RuntimeError("unexpected pos")
             shutil.rmtree(tmp, ignore_errors=True)
             kept = f"the previous state in {self.path / STATE} is intact" if (self.path / STATE).exists() else \
@@ -244,10 +296,52 @@ class RunDir:
         return state
 
     def load_config_dict(self) -> dict:
-        return json.loads((self.state_dir() / CONFIG_FILE).read_text())
+        return self._read_json(self.state_dir() / CONFIG_FILE)
 
     def load_scheduler(self) -> dict:
-        return json.loads((self.state_dir() / SCHEDULER_FILE).read_text())
+        return self._read_json(self.state_dir() / SCHEDULER_FILE)
+
+    def check_state(self) -> None:
+        """Before a resume reads anything: every file the state was saved with is there, at the
+        size it was saved with (a state saved before sizes.json existed is not checked)."""
+        state = self.state_dir()
+        if not (state / SIZES_FILE).is_file():
+            return
+        for name, size in self._read_json(state / SIZES_FILE).items():
+            path = state / name
+            found = path.stat().st_size if path.is_file() else None
+            if found != size:
+                what = ("is missing" if found is None else f"is cut short ({found} of {size} bytes)" if found < size
+                        else f"has {found} bytes, saved with {size}")
+                raise self.corrupt(path, what)
+
+    def corrupt(self, path: Path, what: str) -> StateCorrupt:
+        """The one line for a damaged state file: what is wrong, and how to go on without it."""
+        checkpoints = sorted(self.path.glob("checkpoints/step_*/model.safetensors"),
+                             key=lambda p: int(p.parent.name.removeprefix("step_")))
+        way = "start again with a fresh --out"
+        if checkpoints:
+            way += f", or from its newest checkpoint: --model {checkpoints[-1].parent} --out NEW_DIR"
+        return StateCorrupt(f"--resume {self.path}: the saved state is damaged: {path} {what}; it cannot be "
+                            f"resumed: {way}")
+
+    def _read_json(self, path: Path):
+        try:
+            return json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+            raise self.corrupt(path, f"is not valid JSON ({str(exc).splitlines()[0]})") from None
+
+
+def _lock_holder(fd: int) -> int | None:
+    """The PID written in a held lock file (None if it cannot be read: the holder may not have
+    written it yet)."""
+    for _ in range(20):
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 32).decode(errors="replace").strip()
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.05)
+    return None
 
 
 def _readable(path: Path) -> None:

@@ -8,16 +8,21 @@ fails here, before any generation.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rollpacker.core import BatcherConfig, Scheduler
-from rollpacker.core.errors import ConfigError
+from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import RewardJob
 from rollpacker.driver import LoopConfig, StepLoop, sync_weights
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
+
+
+class RewardsFailed(RollpackerError):
+    """Every reward of a step failed (and --allow-failed-rewards is off); names the first error."""
 
 
 class RowPrompts:
@@ -88,6 +93,9 @@ class Session:
 
         self.config = config
         self.run_dir = run_dir
+        self._shown_kinds: set[str] = set()
+        self._failed_step = False
+        self._first_error = ("", "")
         self.model_dir = resolve_model(config.model)
         read_hf_config(self.model_dir)  # unsupported architecture: fail before anything heavy
         self.prompts = load_prompts(config, self.model_dir)  # a row too long fails here, before the weights
@@ -133,7 +141,18 @@ class Session:
 
     def restore_trainer(self, state_dir: Path) -> None:
         """Load the trainer's state and give its weights to the engine (resume)."""
-        self.trainer.load(state_dir / "trainer")
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+        try:
+            self.trainer.load(state_dir / "trainer")
+        except ConfigError:
+            raise
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - damage the sizes missed (flipped bytes)
+            if isinstance(exc, CheckpointException) and exc.failures:  # rank -> (exception, traceback)
+                failure = next(iter(exc.failures.values()))
+                exc = failure[0] if isinstance(failure, tuple) else failure
+            line = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            raise self.run_dir.corrupt(state_dir / "trainer", f"could not be loaded ({line})") from None
         self.sync_weights()
 
     def sync_weights(self) -> None:
@@ -151,6 +170,10 @@ class Session:
         if report is not None:
             record.update({f"reward_{k}": v for k, v in _as_dict(report).items()})
             record.update({f"reward_metric_{k}": v for k, v in getattr(report, "metrics", {}).items()})
+            record["reward_failures_by_kind"] = dict(report.failures_by_kind)
+            self._show_first_errors(record["step"], report.first_errors)
+            self._failed_step = report.num_failed > 0 and report.num_scored == 0
+            self._first_error = next(iter(report.first_errors.items()), ("", ""))
         if getattr(self.engine, "capture_s", 0):  # CUDA graphs, captured before the first step: not in its time
             record["graph_capture_s"] = round(self.engine.capture_s, 3)
         spec = getattr(self.engine, "speculation_stats", None)
@@ -158,6 +181,29 @@ class Session:
             record.update(spec_verify_steps=spec.num_verify_steps,
                           spec_accepted_per_verify=round(spec.accepted_per_verify, 3))
         return record
+
+    def _show_first_errors(self, step: int, first_errors: dict[str, str]) -> None:
+        """The first failure of each kind in the run, one line on stderr (the rest are counted)."""
+        for kind, error in first_errors.items():
+            if kind not in self._shown_kinds:
+                self._shown_kinds.add(kind)
+                print(f"warning: step {step}: the reward function failed ({kind}): {error}; reward 0, "
+                      f"counted in reward_failures_by_kind of metrics.jsonl (later ones are not printed)",
+                      file=sys.stderr, flush=True)
+
+    def check_rewards(self, record: dict) -> None:
+        """Stop (one line) when every reward of the step failed, unless --allow-failed-rewards: a
+        run that trains on reward 0 everywhere learns nothing, and says so nowhere else."""
+        if not self._failed_step or self.config.allow_failed_rewards:
+            return
+        counts = ", ".join(f"{kind} {n}" for kind, n in record["reward_failures_by_kind"].items() if n)
+        kind, error = self._first_error
+        fix = f"--reward-deadline-s (now {self.config.reward_deadline_s:g})" if kind == "timeout" else \
+            f"--reward {self.config.reward_name()}"
+        raise RewardsFailed(
+            f"step {record['step']}: every reward failed ({counts}; first, {kind}: {error}); fix {fix} and "
+            f"--resume {self.run_dir.path} (the step is played again), or pass --allow-failed-rewards to train "
+            f"on reward 0")
 
     def save(self) -> None:
         """Resumable state after a finished step, and an HF checkpoint of its weights."""

@@ -139,5 +139,13 @@ def split_result(result: Any) -> tuple[float, dict[str, float]]:
             raise ValueError(f"the reward function returned a dict without 'score' (keys: {', '.join(map(str, result))})")
         metrics = {str(k): float(v) for k, v in result.items()
                    if k != "score" and isinstance(v, (int, float))}
-        return float(result["score"]), metrics
-    return float(result), {}
+        return _number(result["score"], "its 'score'"), metrics
+    return _number(result, "it"), {}
+
+
+def _number(value: Any, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} is not a number (a reward function returns a float or a dict with a "
+                         f"numeric 'score')") from None

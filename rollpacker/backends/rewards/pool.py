@@ -8,6 +8,17 @@ starts a replacement.  A scorer that raises gives "error", one that returns NaN 
 both with reward 0; a worker that dies mid-job gives "error".  So every submitted job yields exactly
 one outcome, no later than its deadline after a worker took it.
 
+Each failure also has a kind, counted per step in `step_report().failures_by_kind` with the first
+error of each kind (one line) in `first_errors`:
+
+    raised       the scorer raised, SystemExit (sys.exit) included; the line names the exception
+                 and the scorer's frame it came from
+    bad_value    it returned something that is not a finite number or a dict with a finite "score"
+                 (None, a string, NaN, inf)
+    timeout      it ran past its deadline; the worker was killed
+    worker_died  the worker process ended mid-job (os._exit, a crash in C code, the OOM killer); the
+                 line gives its exit code or signal, and a new worker takes its place
+
 A scorer may return a float or a dict (veRL's reward functions do): the dict's "score" is the
 reward and its other numeric keys are metrics, averaged over the step's "ok" outcomes in
 `step_report().metrics`.
@@ -45,6 +56,12 @@ from rollpacker.core.protocols import RewardJob, RewardOutcome
 Scorer = Callable[[str, Any, str], Any]
 """(task, entry, response) -> float, or a dict with "score" and metrics."""
 
+PARENT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""Signals a worker ignores: the parent handles them and closes its workers."""
+
+FAILURE_KINDS = ("raised", "bad_value", "timeout", "worker_died")
+"""Why a scorer failed (module docstring); the keys of `RewardStepReport.failures_by_kind`."""
+
 
 @frozen
 class RewardStepReport:
@@ -63,13 +80,19 @@ class RewardStepReport:
     num_workers_replaced: int
     metrics: dict = field(factory=dict)
     """Mean of each metric a dict-returning scorer reported, over the "ok" outcomes that had it."""
+    failures_by_kind: dict = field(factory=dict)
+    """Failures per kind, every one of `FAILURE_KINDS` (0 when none)."""
+    first_errors: dict = field(factory=dict)
+    """Kind -> the first error of that kind since the previous report (one line)."""
 
 
 def _worker_main(conn, scorer: Scorer, warmup: Callable[[], None] | None) -> None:
-    # Ctrl-C reaches the whole process group; the parent owns it and closes its workers, so a
-    # worker stays quiet (the parent started it with SIGINT blocked; ignore it, then unblock).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # Ctrl-C (and a SIGTERM sent to the process group) reaches every process; the parent owns it
+    # and closes its workers, so a worker stays quiet (the parent started it with both blocked;
+    # ignore them, then unblock).
+    for sig in PARENT_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(PARENT_SIGNALS))
     if warmup is not None:
         warmup()
     conn.send(("ready",))
@@ -82,14 +105,50 @@ def _worker_main(conn, scorer: Scorer, warmup: Callable[[], None] | None) -> Non
             return
         job_id, task, entry, response = msg
         start = time.perf_counter()
-        metrics: dict[str, float] = {}
+        status, kind, reward, metrics, error = _score(scorer, task, entry, response)
+        conn.send((job_id, status, kind, reward, error, time.perf_counter() - start, metrics))
+
+
+def _score(scorer: Scorer, task: str, entry: Any, response: str) -> tuple[str, str, float, dict, str]:
+    """(status, failure kind or "", reward, metrics, error) of one job, in the worker."""
+    try:
+        result = scorer(task, entry, response)
+    except BaseException as exc:  # noqa: BLE001 - any scorer failure (sys.exit too) is a recorded outcome
+        return "error", "raised", 0.0, {}, raised_line(exc)
+    try:
+        reward, metrics = split_result(result)
+    except (TypeError, ValueError) as exc:
+        return "error", "bad_value", 0.0, {}, f"the scorer returned {_short(result)}: {exc}"[:500]
+    if not math.isfinite(reward):
+        return "nan", "bad_value", 0.0, {}, f"the scorer returned {_short(result)}, not a finite number"
+    return "ok", "", reward, metrics, ""
+
+
+def raised_line(exc: BaseException) -> str:
+    """`Type: message (at file:line in function)`: a traceback's last line and its innermost frame."""
+    line = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        frame = frames[-1]
+        line += f" (at {frame.filename}:{frame.lineno} in {frame.name})"
+    return line
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def died_line(exitcode: int | None) -> str:
+    """Why a worker process ended mid-job, from its exit code."""
+    if exitcode is not None and exitcode < 0:
         try:
-            reward, metrics = split_result(scorer(task, entry, response))
-            status, error = ("ok", "") if math.isfinite(reward) else ("nan", f"scorer returned {reward}")
-        except BaseException as exc:  # noqa: BLE001 - any scorer failure is a recorded outcome
-            status, error, reward = "error", f"{type(exc).__name__}: {exc}"[:500], 0.0
-        ok = status == "ok"
-        conn.send((job_id, status, reward if ok else 0.0, error, time.perf_counter() - start, metrics if ok else {}))
+            how = f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"was killed by signal {-exitcode}"
+    else:
+        how = f"exited with code {exitcode}"
+    return f"the reward worker process {how} while scoring (os._exit, a crash in C code, or the OOM killer)"
 
 
 @define(eq=False)
@@ -109,6 +168,8 @@ class _Stats:
     nan: int = 0
     timeout: int = 0
     replaced: int = 0
+    kinds: dict[str, int] = field(factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
+    first_errors: dict[str, str] = field(factory=dict)
     queue_s: list[float] = field(factory=list)
     latency_s: list[float] = field(factory=list)
     metric_sums: dict[str, list[float]] = field(factory=dict)
@@ -228,6 +289,8 @@ class ProcessRewardExecutor:
             latency_s_mean=sum(lat) / len(lat) if lat else 0.0,
             num_workers_replaced=s.replaced,
             metrics=s.metric_means(),
+            failures_by_kind=s.kinds,
+            first_errors=s.first_errors,
         )
 
     # -- dispatcher thread ------------------------------------------------------------------------
@@ -238,7 +301,7 @@ class ProcessRewardExecutor:
             proc = self._ctx.Process(
                 target=_worker_main, args=(child, self._scorer, self._warmup), name="rollpacker-reward", daemon=True
             )
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited through exec
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(PARENT_SIGNALS))  # inherited through exec
             try:
                 proc.start()
             finally:
@@ -285,37 +348,41 @@ class ProcessRewardExecutor:
             w.job, w.job_submitted, w.job_started = job, submitted, time.monotonic()
             try:
                 w.conn.send((job.request_id, job.task, job.entry, job.response))
-            except (OSError, ValueError) as exc:  # broken pipe: the worker died
-                self._replace(w, "error", f"worker died before the job: {exc}")
+            except (OSError, ValueError):  # broken pipe: the worker died
+                self._replace_dead(w)
 
     def _receive(self, w: _Worker) -> None:
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
-            self._replace(w, "error", f"reward worker died (exit code {w.process.exitcode})")
+            self._replace_dead(w)
             return
         if msg[0] == "ready":
             w.is_ready = True
             return
-        job_id, status, reward, error, latency, metrics = msg
+        job_id, status, kind, reward, error, latency, metrics = msg
         job, w.job = w.job, None
         if job is not None and job.request_id == job_id:
-            self._record(job, w.job_started - w.job_submitted, status, reward, error, latency, metrics)
+            self._record(job, w.job_started - w.job_submitted, status, reward, error, latency, metrics, kind)
+
+    def _replace_dead(self, w: _Worker) -> None:
+        w.process.join(timeout=5)  # reap it, so its exit code is known
+        self._replace(w, "error", "worker_died", died_line(w.process.exitcode))
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for w in list(self._workers):
             if w.job is not None and now - w.job_started > w.job.deadline_s:
-                self._replace(w, "timeout", f"scorer ran past its {w.job.deadline_s:g} s deadline; worker killed")
+                self._replace(w, "timeout", "timeout", f"scorer ran past its {w.job.deadline_s:g} s deadline; worker killed")
 
-    def _replace(self, w: _Worker, status: str, error: str) -> None:
+    def _replace(self, w: _Worker, status: str, kind: str, error: str) -> None:
         """Kill `w`, record its job (if any) as failed, and start a new worker in its place."""
         w.process.kill()
         w.process.join(timeout=5)
         w.conn.close()
         if w.job is not None:
             latency = w.job.deadline_s if status == "timeout" else time.monotonic() - w.job_started
-            self._record(w.job, w.job_started - w.job_submitted, status, 0.0, error, latency)
+            self._record(w.job, w.job_started - w.job_submitted, status, 0.0, error, latency, kind=kind)
         self._workers.remove(w)
         with self._lock:
             self._stats.replaced += 1
@@ -324,10 +391,13 @@ class ProcessRewardExecutor:
             self._workers.append(self._spawn())
 
     def _record(self, job: RewardJob, queue_s: float, status: str, reward: float, error: str, latency: float,
-                metrics: dict[str, float] | None = None) -> None:
+                metrics: dict[str, float] | None = None, kind: str = "") -> None:
         with self._lock:
             self._in_flight.discard(job.request_id)
             setattr(self._stats, status, getattr(self._stats, status) + 1)
+            if kind:
+                self._stats.kinds[kind] += 1
+                self._stats.first_errors.setdefault(kind, error)
             self._stats.add_metrics(metrics or {})
             self._stats.queue_s.append(queue_s)
             self._stats.latency_s.append(latency)
