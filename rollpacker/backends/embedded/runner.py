@@ -168,9 +168,18 @@ class Runner:
 
     @torch.inference_mode()
     def reserve(self, num_cols: int) -> None:
-        """Make every slot hold at least `num_cols` columns (grows by doubling, never past the
-        model's context plus a verify's width; drops graphs)."""
+        """Make every slot hold at least `num_cols` columns (drops graphs).  With `cols_per_slot`
+        the cache is allocated once at exactly that size, and a row needing more is an error;
+        without, it grows by doubling, never past the model's context plus a verify's width."""
         if self.cache is not None and self.cache.length >= num_cols:
+            return
+        if self.cols_per_slot is not None:  # the memory plan's size: allocated once, never grown
+            if num_cols > self.cols_per_slot:
+                raise ValueError(f"a row needs {num_cols} KV cache columns but the cache holds {self.cols_per_slot} "
+                                 f"per row (kv_tokens_per_row: the longest prompt plus max new tokens)")
+            self.cache = SlotCache(self.num_layers, self.capacity, self.kv_heads, self.head_dim, self.cols_per_slot,
+                                   self.dtype, self.device)
+            self._graphs.clear()
             return
         step = 64
         length = max(num_cols, 2 * self.cache.length if self.cache is not None else self.cols_per_slot or 0)
@@ -216,6 +225,8 @@ class Runner:
         `row_len` tokens; returns next-token logits `[n, T, vocab]` float32."""
         n, t = tokens.shape
         read_len = self._round_cols(max(row_len) + t)
+        if self.cols_per_slot is not None:  # a fixed cache: the last bucket ends at its last column
+            read_len = min(read_len, max(self.cols_per_slot, max(row_len) + t))
         self.reserve(read_len)
         base = torch.tensor(row_len, dtype=torch.long, device=self.device)
         tokens = tokens.to(self.device)
