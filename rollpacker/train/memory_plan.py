@@ -21,9 +21,10 @@ micro-batch):
   `forward_tokens`, the trainer's `max_forward_tokens`: a micro-batch is budgeted by response tokens,
   so many short responses beside a long one would pad to far more (rows x longest row); the trainer
   splits such a micro-batch into forwards of at most T padded tokens, so T is what one forward holds;
-- logits: float32 logits and their gradient for the positions computed at once: one chunk of
-  `LOGITS_CHUNK_TOKENS` for the torch trainer (it computes log-probs chunk by chunk), all T for
-  TorchTitan's.
+- logits: `LOGITS_COPIES` float32 tensors of logits size for the positions computed at once (the
+  logits, their log-softmax, its exp, the entropy's product, and in backward their gradients:
+  measured 5.5-5.8 on CPU, tests/test_memory_plan.py): one chunk of `LOGITS_CHUNK_TOKENS` for the
+  torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rollpacker.core.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
+LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's peak
 # the flag that shrinks each item, for the error message
 FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
@@ -127,7 +129,7 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
         "trainer_state": params * (16 + (b if b < 4 else 0)),
         "kv_cache": engine_capacity * (sequence + spec_tokens) * shape.num_layers * 2 * shape.kv_dim * b,
         "activations": batch_tokens * shape.num_layers * per_token_layer * b,
-        "logits": logit_tokens * shape.vocab * 4 * 2,
+        "logits": logit_tokens * shape.vocab * 4 * LOGITS_COPIES,
     }
     if not with_engine:
         del items["engine_weights"], items["kv_cache"]
