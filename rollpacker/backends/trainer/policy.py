@@ -1,8 +1,10 @@
 """What the two GRPO trainers (TorchTitan's `TitanTrainer`, plain PyTorch's `TorchTrainer`) share:
 the Trainer Protocol's step logic, written once over three hooks.
 
-    forward_backward(batch)      check -> this rank's token-balanced share -> pack -> log-probs
-                                 (hook `_logprobs`) -> GRPO loss -> backward; stats summed over ranks
+    forward_backward(batch)      check -> forwards of <= max_forward_tokens padded tokens ->
+                                 each: this rank's token-balanced share -> pack -> log-probs (hook
+                                 `_logprobs`, under bf16 autocast when dtype says so) -> GRPO loss
+                                 -> backward; stats summed over forwards and ranks
     optimizer_step(normalizer)   grads /= normalizer, clip the global norm, one AdamW step
     save(path) / load(path)      model + optimizer (torch.distributed.checkpoint, any rank layout)
                                  and the step, written beside `path` and renamed into place
