@@ -1,22 +1,43 @@
-"""One command on a GPU machine: the engine, the trainer and the reference trainer's policies, all on
-one device, written to RESULTS.md.
+"""The one-device campaign, in parts that each end well inside an 8-minute call: the engine, speculation,
+the gpu-marked tests, the trainer, the reference trainer's policies and their reward curves, all on one
+device, written to RESULTS.md.
 
-    .venv/bin/python benchmarks/gpu_campaign.py                    # on a GPU: everything on cuda
-    .venv/bin/python benchmarks/gpu_campaign.py --device cpu --tiny --model DIR --results /tmp/R.md
+    python benchmarks/gpu_campaign.py --part all              # on a GPU: every part, one after another
+    python benchmarks/gpu_campaign.py --device cpu --tiny --model DIR --results /tmp/R.md   # CPU smoke run
 
-Three parts, each in its own process so one's memory is free before the next:
+Parts (`--part`, comma-separated; each runs its work in child processes, so one's memory is free
+before the next, and a crash in one keeps the others):
 
-1. engine: benchmarks/engine_throughput.py (the embedded engine vs static `generate`, decode-step
-   profile on CUDA) with the engine on --device;
-2. trainer: forward+backward tokens/s of the trainer `--trainer` picks (TorchTitan's when it
-   imports, else the plain-PyTorch trainer: TorchTitan needs torch >= 2.13, the lent GPU machines
-   have 2.11), on micro-batches of random ids;
-3. policies: `reference/train.py --compare sync,tail,sorted,partial --device ...` from the same
-   weights and seed; the step-time ratio sync/policy is the speed-up.
+  env       device, versions, and every module the campaign imports: required ones fail the part,
+            optional ones are named with what they are for;
+  engine    benchmarks/engine_throughput.py: the embedded engine vs static `generate`, decode-step
+            profile on CUDA;
+  spec      benchmarks/spec_decode.py: speculation on and off at 1, 4 and 16 running rows;
+  trainer   forward+backward tokens/s of the trainer `--trainer` picks (TorchTitan's when it imports,
+            else the plain-PyTorch trainer: TorchTitan needs torch >= 2.13);
+  tests     `pytest -m gpu -o addopts=-ra` over the test files with gpu-marked tests;
+  compare   `reference/train.py --compare sync,tail` (P=16, R=8, 512 tokens) from the same weights and
+            seed: the step-time ratio sync/policy is the speed-up;
+  fidelity  reward curves of sync, tail, and tail with unbiased groups (--tail.eta-responses 1.0) on the
+            same seed, to --fidelity-steps each: every call advances the three runs (--resume) until
+            --budget-s is spent, so call it again until it says "complete"; then a plot and a table
+            (mean reward of the last 10 steps, and its spread across groups).
 
-Writes the `## One-device campaign (<device>)` section of --results, one `###` subsection per part,
-each naming the device, the torch version and the exact command.  --tiny shrinks every size for a
-smoke run on a CPU (use with a tiny model, e.g. rollpacker.backends.models.tiny_random_llama).
+Every part appends the full log of each child process it runs (the command, its stdout and stderr, its
+exit status) to `<--logs>/<part>.log`, and one JSON line of its figures (or its error) to
+`<--logs>/figures.jsonl`; it writes its `###` subsection of `## One-device campaign (<device>)` in
+--results.  A part that fails says so in one line naming its log, and the exit status is 1.
+
+On a lent GPU machine with the project on PYTHONPATH and its wheels staged (nothing is pip-installed
+there), one device call per part, keeping the files in /tmp between calls of the warm machine and
+copying them out each time:
+
+    C="python3 benchmarks/gpu_campaign.py --results /tmp/campaign/RESULTS.md --logs /tmp/campaign/logs"
+    $C --part env,engine; cp -r /tmp/campaign $OUT/      # ~5 min
+    $C --part spec; cp -r /tmp/campaign $OUT/            # ~3 min
+    $C --part tests; cp -r /tmp/campaign $OUT/           # ~4 min
+    $C --part compare; cp -r /tmp/campaign $OUT/         # ~6 min
+    $C --part fidelity; cp -r /tmp/campaign $OUT/        # repeat until it prints "fidelity: complete"
 """
 
 from __future__ import annotations
@@ -35,29 +56,96 @@ sys.path.insert(0, str(ROOT))
 
 from results_md import RESULTS, write_section  # noqa: E402
 
+PARTS = ("env", "engine", "spec", "trainer", "tests", "compare", "fidelity")
 # (full, tiny) sizes of each part
-# full: sized for an 80 GB GPU and SmolLM2-135M, untimed there yet; transformers' continuous
-# batching is left out of the engine part to bound the campaign's time (engine_throughput.py runs it)
-ENGINE_SIZES = {"full": ["--requests", "256", "--cap", "1024", "--batch", "128", "--skip-hf-cb"],
+# full: sized for an 80 GB GPU and SmolLM2-135M; transformers' continuous batching is left out of the
+# engine part to bound its time (engine_throughput.py runs it)
+ENGINE_SIZES = {"full": ["--requests", "256", "--cap", "1024", "--batch", "128", "--skip-hf-cb", "--repeats", "1"],
                 "tiny": ["--requests", "4", "--cap", "8", "--batch", "4", "--skip-hf-cb", "--repeats", "1"]}
+SPEC_SIZES = {"full": ["--rows", "1,4,16", "--repeats", "1"],
+              "tiny": ["--rows", "1", "--max-tokens", "8", "--group", "2", "--repeats", "1"]}
 TRAINER_SIZES = {"full": dict(batch=8, prompt=256, response=768, iters=5), "tiny": dict(batch=2, prompt=8, response=8, iters=2)}
-TRAIN_SIZES = {"full": ["--steps", "6", "--prompts", "16", "--samples", "8", "--max-tokens", "1024",
-                        "--engine-capacity", "256", "--micro-batch-tokens", "8192", "--dataset-size", "512"],
+TRAIN_SIZES = {"full": ["--steps", "6", "--prompts", "16", "--samples", "8", "--max-tokens", "512",
+                        "--engine-capacity", "160", "--micro-batch-tokens", "1024", "--dataset-size", "512",
+                        "--reward-workers", "8"],
                "tiny": ["--preset", "tiny_debug", "--steps", "1"]}
+FIDELITY_SIZES = {"full": TRAIN_SIZES["full"][2:], "tiny": ["--preset", "tiny_debug"]}
+FIDELITY_RUNS = {"sync": ["--policy", "sync"], "tail": ["--policy", "tail"],
+                 "tail-unbiased": ["--policy", "tail", "--tail.eta-responses", "1.0"]}
+GPU_TEST_FILES = ["tests/test_gpu.py", "tests/test_embedded_engine.py", "tests/test_embedded_speculation.py",
+                  "tests/test_torch_trainer.py", "tests/test_memory_plan.py"]
+# what the campaign imports: required, and optional with what needs it
+REQUIRED_MODULES = ("torch", "transformers", "safetensors", "attrs", "immutables", "numpy", "aiohttp", "tyro",
+                    "tqdm", "matplotlib", "gguf", "reasoning_gym")
+OPTIONAL_MODULES = {"torchtitan": "--trainer titan (the campaign falls back to --trainer torch)",
+                    "math_verify": "--reward math only", "datasets": "--dataset FILE only",
+                    "tensorboard": "the tensorboard/ event files only",
+                    "pytest_timeout": "per-test timeouts in the tests part", "pytest_benchmark": "pyproject's addopts "
+                    "(the tests part passes -o addopts=-ra instead)"}
+
+
+class PartFailed(Exception):
+    """A part's child process failed or timed out; the message names its log."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", default="all", help=f"comma-separated parts of {', '.join(PARTS)}, or all")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: cuda when available")
     ap.add_argument("--trainer", default="auto", choices=("auto", "titan", "torch"),
                     help="auto: titan when TorchTitan imports, else torch (said so in the output)")
     ap.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="default: bfloat16 on cuda, else float32")
-    ap.add_argument("--policies", default="sync,tail,sorted,partial", help="--compare list; the first is the baseline")
+    ap.add_argument("--policies", default="sync,tail", help="the compare part's --compare list; the first is the baseline")
+    ap.add_argument("--fidelity-steps", type=int, default=None, help="steps of each fidelity run (default 60; tiny: 2)")
+    ap.add_argument("--fidelity-chunk", type=int, default=None,
+                    help="steps a fidelity run advances per child process (default 5; tiny: 1)")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="seconds a part may run (its child is stopped at the limit; fidelity resumes next call)")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke run of every part")
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_campaign", help="run directory (replaced)")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_campaign", help="run directory")
+    ap.add_argument("--logs", type=Path, default=None, help="each part's <part>.log and figures.jsonl (default: OUT/logs)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="RESULTS.md to write the section into")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.parts = PARTS if args.part == "all" else tuple(p.strip() for p in args.part.split(","))
+    bad = [p for p in args.parts if p not in PARTS]
+    if bad:
+        ap.error(f"--part: unknown part(s) {', '.join(bad)}; choose from {', '.join(PARTS)} or all")
+    args.logs = args.logs or args.out / "logs"
+    args.fidelity_steps = args.fidelity_steps or (2 if args.tiny else 60)
+    args.fidelity_chunk = args.fidelity_chunk or (1 if args.tiny else 5)
+    return args
+
+
+def run_logged(cmd: list[str], args: argparse.Namespace, part: str, timeout: float | None = None,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run `cmd`, appending its command, stdout, stderr and exit status to <logs>/<part>.log; PartFailed
+    (naming the log and stderr's last line) when it fails or passes `timeout` (default: --budget-s)."""
+    log = args.logs / f"{part}.log"
+    args.logs.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout or args.budget_s)
+        out, err, status = proc.stdout, proc.stderr, f"exit status {proc.returncode}"
+    except subprocess.TimeoutExpired as exc:
+        proc = None
+        out, err = (_text(exc.stdout), _text(exc.stderr))
+        status = f"stopped after {exc.timeout:.0f} s"
+    with log.open("a") as f:
+        f.write(f"$ {_shown(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}\n--- {status}\n\n")
+    if proc is None or (check and proc.returncode != 0):
+        last = next((line for line in reversed(err.splitlines()) if line.strip()), "")
+        raise PartFailed(f"{_shown(cmd)}: {status} ({last.strip()[:300]}); full log: {log}")
+    return proc
+
+
+def _text(data) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+def append_figures(args: argparse.Namespace, part: str, figures: dict) -> None:
+    args.logs.mkdir(parents=True, exist_ok=True)
+    with (args.logs / "figures.jsonl").open("a") as f:
+        f.write(json.dumps({"part": part, "at": time.strftime("%Y-%m-%dT%H:%M:%S"), **figures}) + "\n")
 
 
 def pick_trainer(wanted: str) -> tuple[str, str]:
@@ -74,12 +162,60 @@ def pick_trainer(wanted: str) -> tuple[str, str]:
     return "torch", f"TorchTitan unavailable ({problem}): using --trainer torch"
 
 
+def run_env(args: argparse.Namespace, size: str) -> dict:
+    """Versions and the import of every module on the campaign's path, in a child process."""
+    code = ("import importlib, json, sys\nfound = {}\nfor m in sys.argv[1:]:\n    try:\n"
+            "        importlib.import_module(m); found[m] = 'ok'\n    except Exception as e:\n"
+            "        found[m] = f'{type(e).__name__}: {e}'; print(m, found[m], file=sys.stderr)\n"
+            "import torch, transformers\nprint(json.dumps({'python': sys.version.split()[0], 'torch': torch.__version__, "
+            "'cuda': torch.version.cuda, 'transformers': transformers.__version__, 'gpu': torch.cuda.get_device_name() "
+            "if torch.cuda.is_available() else None, 'modules': found}))")
+    proc = run_logged([sys.executable, "-c", code, *REQUIRED_MODULES, *OPTIONAL_MODULES], args, "env")
+    env = json.loads(proc.stdout.strip().splitlines()[-1])
+    env["missing_required"] = [m for m in REQUIRED_MODULES if env["modules"][m] != "ok"]
+    env["missing_optional"] = {m: why for m, why in OPTIONAL_MODULES.items() if env["modules"][m] != "ok"}
+    if env["missing_required"]:
+        raise PartFailed(f"required modules do not import: {', '.join(env['missing_required'])} (stage them; "
+                         f"nothing may be pip-installed on the machine); full log: {args.logs / 'env.log'}")
+    return env
+
+
+def env_body(r: dict, header: str) -> str:
+    optional = "; ".join(f"`{m}` missing ({why})" for m, why in r["missing_optional"].items()) or "every optional module imports"
+    return "\n".join([header, "", f"Python {r['python']}, torch {r['torch']} (CUDA {r['cuda']}), transformers "
+                      f"{r['transformers']}, GPU: {r['gpu']}.  Required modules import; {optional}."])
+
+
 def run_engine(args: argparse.Namespace, size: str) -> dict:
     cmd = [sys.executable, "benchmarks/engine_throughput.py", "--device", args.device, "--dtype", args.dtype,
            *(["--model", args.model] if args.model else []), *ENGINE_SIZES[size]]
-    proc = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**result, "command": _shown(cmd)}
+    proc = run_logged(cmd, args, "engine")
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "command": _shown(cmd)}
+
+
+def run_spec(args: argparse.Namespace, size: str) -> dict:
+    cmd = [sys.executable, "benchmarks/spec_decode.py", "--device", args.device, "--dtype", args.dtype,
+           *(["--model", args.model] if args.model else []), *SPEC_SIZES[size]]
+    proc = run_logged(cmd, args, "spec")
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {"rows": lines, "command": _shown(cmd)}
+
+
+def run_tests(args: argparse.Namespace, size: str) -> dict:
+    """The gpu-marked tests; `-o addopts=-ra`: pyproject's addopts need pytest-benchmark."""
+    import importlib.util
+
+    timeout = ["--timeout", "240"] if importlib.util.find_spec("pytest_timeout") else []
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-o", "addopts=-ra", "-p", "no:cacheprovider", "-q",
+           "--durations=8", *timeout, *GPU_TEST_FILES]
+    proc = run_logged(cmd, args, "tests", check=False)
+    summary = next((line for line in reversed(proc.stdout.splitlines())
+                    if __import__("re").search(r"\d+ (passed|failed|skipped|deselected|error).* in ", line)), "")
+    counts = {k: int(n) for n, k in __import__("re").findall(r"(\d+) (passed|failed|skipped|deselected|error)", summary)}
+    if proc.returncode not in (0, 5) or counts.get("failed") or counts.get("error"):  # 5: none collected
+        raise PartFailed(f"gpu tests: {summary.strip('= ') or f'exit status {proc.returncode}'}; full log: "
+                         f"{args.logs / 'tests.log'}")
+    return {**counts, "summary": summary.strip("= "), "command": _shown(cmd)}
 
 
 def run_policies(args: argparse.Namespace, size: str) -> dict:
@@ -88,9 +224,7 @@ def run_policies(args: argparse.Namespace, size: str) -> dict:
     cmd = [sys.executable, "reference/train.py", *TRAIN_SIZES[size], "--compare", args.policies, "--device", args.device,
            "--trainer", args.trainer, "--dtype", args.dtype, "--out", str(out),
            *(["--model", args.model] if args.model else [])]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {_shown(cmd)} failed:\n{proc.stderr[-3000:]}")
+    proc = run_logged(cmd, args, "compare")
     plan = next((line for line in proc.stdout.splitlines() if line.startswith("memory plan")), "")
     peaks = [json.loads(line).get("cuda_peak_gib") for p in args.policies.split(",")
              for line in (out / p.strip() / "metrics.jsonl").read_text().splitlines()]
@@ -104,8 +238,89 @@ def run_trainer(args: argparse.Namespace, size: str) -> dict:
     sizes = TRAINER_SIZES[size]
     cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--trainer-worker", json.dumps(
         dict(sizes, model=args.model, trainer=args.trainer, device=args.device, dtype=args.dtype))]
-    proc = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+    proc = run_logged(cmd, args, "trainer")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_fidelity(args: argparse.Namespace, size: str) -> dict:
+    """Advance the three runs (same seed) by --fidelity-chunk steps each in turn, resuming, until each
+    has --fidelity-steps or --budget-s is spent; the curves once all are complete."""
+    deadline = time.monotonic() + args.budget_s
+    for _ in range(args.fidelity_steps):
+        behind = [(name, steps_done(args.out / "fidelity" / name)) for name in FIDELITY_RUNS]
+        behind = [(name, done) for name, done in behind if done < args.fidelity_steps]
+        if not behind:
+            break
+        for name, done in behind:
+            left = deadline - time.monotonic()
+            if left < 30:
+                return {"complete": False, "steps": {n: steps_done(args.out / "fidelity" / n) for n in FIDELITY_RUNS}}
+            run_dir = args.out / "fidelity" / name
+            target = ["--steps", str(min(done + args.fidelity_chunk, args.fidelity_steps))]
+            if (run_dir / "state").exists():
+                cmd = [sys.executable, "reference/train.py", "--resume", str(run_dir), *target]
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)  # a first call killed before its first state
+                cmd = [sys.executable, "reference/train.py", *FIDELITY_SIZES[size], *FIDELITY_RUNS[name], *target,
+                       "--seed", "0", "--device", args.device, "--trainer", args.trainer, "--dtype", args.dtype,
+                       "--out", str(run_dir), *(["--model", args.model] if args.model else [])]
+            try:
+                run_logged(cmd, args, "fidelity", timeout=left)
+            except PartFailed:
+                if time.monotonic() < deadline - 1:
+                    raise
+                return {"complete": False, "steps": {n: steps_done(args.out / "fidelity" / n) for n in FIDELITY_RUNS}}
+    curves = {name: [json.loads(line) for line in (args.out / "fidelity" / name / "metrics.jsonl").read_text().splitlines()]
+              for name in FIDELITY_RUNS}
+    plot = args.logs / "fidelity.png"
+    plot_fidelity(curves, plot)
+    return {"complete": True, "plot": str(plot), **fidelity_table(curves)}
+
+
+def steps_done(run_dir: Path) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def fidelity_table(curves: dict[str, list[dict]], last: int = 10) -> dict:
+    """Per run: the mean reward of its last `last` steps, and the spread (sd) of its groups' mean
+    rewards over those steps (a group: one prompt's trained responses in one step)."""
+    import statistics
+
+    table = {}
+    for name, records in curves.items():
+        tail = records[-last:]
+        groups = [statistics.fmean(rewards) for r in tail for rewards in _group_rewards(r).values()]
+        table[name] = {"steps": len(records), "mean_reward_last": round(statistics.fmean(r["mean_reward"] for r in tail), 4),
+                       "group_sd": round(statistics.pstdev(groups), 4) if groups else None, "groups": len(groups)}
+    return {"last_steps": last, "runs": table}
+
+
+def _group_rewards(record: dict) -> dict:
+    """Rewards of a step's finished requests by prompt (record["requests"]: prompt, tokens, reason, id, reward)."""
+    groups: dict = {}
+    for prompt, _tokens, _reason, _rid, reward in record.get("requests", []):
+        if reward is not None:
+            groups.setdefault(str(prompt), []).append(reward)
+    return groups
+
+
+def plot_fidelity(curves: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, records in curves.items():
+        ax.plot([r["step"] for r in records], [r["mean_reward"] for r in records], label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward of trained samples")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def trainer_worker(spec: dict) -> dict:
@@ -189,6 +404,25 @@ def policies_body(s: dict, header: str) -> str:
     return "\n".join(lines)
 
 
+def spec_body(r: dict, header: str) -> str:
+    lines = [header, "", f"Command: `{r['command']}`", "", "```", *(json.dumps(x) for x in r["rows"]), "```"]
+    return "\n".join(lines)
+
+
+def tests_body(r: dict, header: str) -> str:
+    return "\n".join([header, "", f"Command: `{r['command']}`", "", f"Result: {r['summary']}"])
+
+
+def fidelity_body(r: dict, header: str) -> str:
+    if not r["complete"]:
+        return "\n".join([header, "", f"Incomplete: steps so far {r['steps']}; run the fidelity part again."])
+    lines = [header, "", f"Plot: `{Path(r['plot']).name}` (reward per step of each run).", "",
+             f"| run | steps | mean reward, last {r['last_steps']} steps | sd across groups | groups |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {t['steps']} | {t['mean_reward_last']} | {t['group_sd']} | {t['groups']} |"
+              for name, t in r["runs"].items()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--trainer-worker"]:
         print(json.dumps(trainer_worker(json.loads(argv[1]))))
@@ -209,17 +443,35 @@ def main(argv: list[str]) -> int:
     name = device_name(args.device)
     command = _shown([sys.executable, "benchmarks/gpu_campaign.py", *argv])
     header = f"On {name}, torch {torch.__version__}, trainer {args.trainer} ({why}), {args.dtype}."
-    print(f"campaign on {name}: trainer {args.trainer} ({why}); results into {args.results}", flush=True)
+    print(f"campaign on {name}: trainer {args.trainer} ({why}); parts {','.join(args.parts)}; results into "
+          f"{args.results}, logs into {args.logs}", flush=True)
     title = f"One-device campaign ({name})"
-    parts = [("Embedded engine", lambda: engine_body(run_engine(args, size), header)),
-             ("Trainer", lambda: trainer_body(run_trainer(args, size), header, command)),
-             (f"Reference trainer: {args.policies.replace(',', ' vs ')}", lambda: policies_body(run_policies(args, size), header))]
-    for subsection, run in parts:
-        print(f"== {subsection} ==", flush=True)
-        body = run()
+    parts = {"env": ("Environment", run_env, env_body),
+             "engine": ("Embedded engine", run_engine, engine_body),
+             "spec": ("Speculation in the tail", run_spec, spec_body),
+             "trainer": ("Trainer", run_trainer, lambda r, h: trainer_body(r, h, command)),
+             "tests": ("GPU tests", run_tests, tests_body),
+             "compare": (f"Reference trainer: {args.policies.replace(',', ' vs ')}", run_policies, policies_body),
+             "fidelity": ("Fidelity: reward curves", run_fidelity, fidelity_body)}
+    failed = []
+    for part in args.parts:
+        subsection, run, body_of = parts[part]
+        print(f"== {part}: {subsection} ==", flush=True)
+        start = time.monotonic()
+        try:
+            figures = run(args, size)
+        except (PartFailed, OSError, ValueError, KeyError) as exc:  # a crash here keeps the other parts
+            append_figures(args, part, {"error": str(exc), "seconds": round(time.monotonic() - start, 1)})
+            print(f"error: part {part} failed: {exc}", file=sys.stderr, flush=True)
+            failed.append(part)
+            continue
+        append_figures(args, part, {**figures, "seconds": round(time.monotonic() - start, 1), "header": header})
+        body = body_of(figures, header)
         write_section(title, body, subsection=subsection, path=args.results)
         print(body, flush=True)
-    return 0
+        if part == "fidelity":
+            print(f"fidelity: {'complete' if figures['complete'] else 'incomplete, call again'}", flush=True)
+    return 1 if failed else 0
 
 
 def _shown(cmd: list[str]) -> str:

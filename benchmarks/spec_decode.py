@@ -109,6 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--rows", default="1,4,16", help="running rows to measure, comma-separated")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per measurement (default: rows, min 2)")
     parser.add_argument("--group", type=int, default=4, help="samples per prompt (siblings)")
@@ -122,7 +123,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    model, tokenizer = load_model(None, dtype=dtype, device=args.device)
+    model, tokenizer = load_model(args.model, dtype=dtype, device=args.device)
     meta = {"command": "python benchmarks/spec_decode.py " + " ".join(sys.argv[1:]),
             "machine": (torch.cuda.get_device_name() if args.device == "cuda"
                         else f"{platform.machine()} {os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads"),

@@ -277,11 +277,15 @@ def test_slot_cache_allocated_once_and_rows_move_without_changing_outputs(tiny):
                 t.append(x)
         return toks
 
-    fixed = Runner(model, 0, capacity=2, cols_per_slot=40)
+    # col_multiple 256 (CUDA's): each decode's columns round up to 256, past the planned 40
+    fixed = Runner(model, 0, capacity=2, cols_per_slot=40, col_multiple=256)
     moved = greedy(fixed, [0, 1], 30, drop_first_after=10)
-    assert fixed.cache.length == 64  # 40 rounded up to the allocation step, never grown
+    assert fixed.cache.length == 40  # the memory plan's size exactly, allocated once, never grown
     alone = greedy(Runner(model, 0, capacity=2), [1], 30)
     assert moved == alone
+    with pytest.raises(ValueError, match="a row needs 41 KV cache columns but the cache holds 40 per row"):
+        fixed.decode(torch.tensor([[1]]), [40])
+    assert fixed.cache.length == 40
 
 
 def test_speculation_default_is_off_on_cpu_and_explicit_values_hold(tiny):

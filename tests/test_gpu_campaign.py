@@ -4,6 +4,7 @@ RESULTS.md section names the device, the torch version and each command (into a 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def test_campaign_writes_every_section_with_device_and_commands(tmp_path):
     real = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer", "torch",
            "--model", str(tiny_random_llama()), "--policies", "sync,tail", "--out", str(tmp_path / "runs"),
-           "--results", str(results)]
+           "--results", str(results), "--part", "engine,trainer,compare"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=230)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -44,6 +45,38 @@ def test_campaign_writes_every_section_with_device_and_commands(tmp_path):
     engine_tok_s = re.search(r"^\| rollpacker embedded engine \| ([0-9.]+) \|", section, re.M)
     assert engine_tok_s and float(engine_tok_s.group(1)) > 0
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == real, "the test wrote the real RESULTS.md"
+    figures = [json.loads(line) for line in (tmp_path / "runs" / "logs" / "figures.jsonl").read_text().splitlines()]
+    assert [f["part"] for f in figures] == ["engine", "trainer", "compare"] and figures[0]["embedded_tok_s"] > 0
+    assert "$ python reference/train.py --preset tiny_debug" in (tmp_path / "runs" / "logs" / "compare.log").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_a_failing_part_keeps_its_stderr_and_the_other_parts(tmp_path):
+    """compare fails (an unknown policy): its log holds the child's stderr and exit status, figures.jsonl
+    its error, the exit status is 1, and the engine part before it still wrote its figures and section;
+    a second call appends to the same files."""
+    from rollpacker.backends.models import tiny_random_llama
+
+    logs, results = tmp_path / "logs", tmp_path / "R.md"
+    cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer", "torch",
+           "--model", str(tiny_random_llama()), "--out", str(tmp_path / "runs"), "--logs", str(logs),
+           "--results", str(results)]
+    proc = subprocess.run([*cmd, "--part", "engine,compare", "--policies", "sync,nosuch"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    log = (logs / "compare.log").read_text()
+    child_error = log.split("--- stderr\n")[1].split("\n--- exit status")[0]
+    assert "nosuch" in child_error and "--- exit status " in log and "--- exit status 0" not in log
+    assert "error: part compare failed: python reference/train.py" in proc.stderr and str(logs / "compare.log") in proc.stderr
+    assert "--- stderr\n" in (logs / "engine.log").read_text()
+    figures = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
+    assert [f["part"] for f in figures] == ["engine", "compare"]
+    assert figures[0]["embedded_tok_s"] > 0 and "nosuch" in figures[1]["error"]
+    assert "### Embedded engine" in results.read_text() and "### Reference trainer" not in results.read_text()
+    proc = subprocess.run([*cmd, "--part", "env"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
+    assert [f["part"] for f in figures] == ["engine", "compare", "env"] and figures[2]["missing_required"] == []
 
 
 @pytest.mark.timeout(60)

@@ -124,6 +124,65 @@ def test_gradients_and_steps_equal_the_titan_trainers(tiny_dir, samples) -> None
             dist.destroy_process_group()
 
 
+@pytest.mark.timeout(120)
+def test_a_micro_batch_padding_past_max_forward_tokens_runs_in_chunks_with_the_same_gradient(tiny_dir, hf_model) -> None:
+    """One long response beside many short ones: budgeted by response tokens, but one forward would
+    pad every short row to the long one.  Split into forwards of <= 40 padded tokens, the loss and
+    gradients are the one forward's, and no forward holds more than the budget."""
+    from rollpacker.core.protocols import TrainSample
+
+    long_row = TrainSample(tuple(range(1, 6)), tuple(range(10, 40)), 0.5, 1.0)  # 34 columns
+    short = [TrainSample((7 + k, 8), (9 + k,), (-1) ** k * 0.3, 1.0) for k in range(12)]  # 2 columns each
+    batch = MicroBatch((short[0], long_row, *short[1:]))
+    whole = make_trainer(tiny_dir)
+    one = whole.forward_backward(batch)
+    chunked = make_trainer(tiny_dir, max_forward_tokens=40)
+    widths: list[tuple[int, int]] = []
+    logprobs = chunked._logprobs
+    chunked._logprobs = lambda model, packed: (widths.append(tuple(packed.input_ids.shape)), logprobs(model, packed))[1]
+    split = chunked.forward_backward(batch)
+    assert widths == [(1, 34), (12, 2)]  # without the budget: (13, 34), 442 padded tokens
+    assert split.num_tokens == one.num_tokens == 30 + 12
+    assert split.loss_sum == pytest.approx(one.loss_sum, abs=1e-6)
+    assert max_abs_diff(chunked.gradients(), whole.gradients()) <= GRAD_TOL
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("trainer_kind", ["torch", "titan"])
+def test_bfloat16_trains_float32_master_weights_so_a_step_at_lr_1e5_moves_every_tensor(tiny_dir, samples, trainer_kind) -> None:
+    """Pure bfloat16 rounds an AdamW update of ~1e-5 away (a weight of 0.02 has a resolution of
+    1.2e-4, a norm weight of 1.0 of 7.8e-3): the master weights and AdamW's state stay float32,
+    bfloat16 is the compute dtype, and the engine gets the master weights cast to bfloat16."""
+    if trainer_kind == "titan":
+        pytest.importorskip("torchtitan")
+        from rollpacker.backends.titan.trainer import TitanTrainer, titan_import_error
+
+        if titan_import_error() is not None:
+            pytest.skip(titan_import_error())
+        trainer = TitanTrainer(TitanConfig(model_dir=tiny_dir, lr=1e-5, dtype="bfloat16", device="cpu"))
+    else:
+        trainer = make_trainer(tiny_dir, lr=1e-5, dtype="bfloat16", max_grad_norm=1.0)
+    try:
+        master = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        assert {p.dtype for p in master.values()} == {torch.float32}
+        stream(trainer, samples)
+        trainer.optimizer_step(30.0)
+        after = dict(trainer.model.named_parameters())
+        moved = [n for n, p in master.items() if not torch.equal(after[n].detach(), p)]
+        assert len(moved) >= 0.9 * len(master), sorted(set(master) - set(moved))
+        assert {v.dtype for s in trainer.optimizer.state.values() for k, v in s.items() if k != "step"} == {torch.float32}
+        exported = trainer.export_weights()
+        assert {t.dtype for t in exported.values()} == {torch.bfloat16}
+        if trainer_kind == "torch":
+            for name, p in after.items():
+                assert torch.equal(exported[name.removeprefix("hf.")], p.detach().to(torch.bfloat16)), name
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @pytest.mark.timeout(60)
 def test_bad_batch_refused_before_backward(tiny_dir) -> None:
     trainer = make_trainer(tiny_dir)

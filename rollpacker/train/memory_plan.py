@@ -6,8 +6,9 @@ everything has loaded.  The estimates (b = bytes per element of --dtype, T = tok
 micro-batch):
 
 - engine weights: parameters x b (a second copy of the model, for rollout);
-- trainer: parameters x b for weights and again for gradients, plus AdamW's two moments in float32
-  (8 bytes per parameter);
+- trainer: float32 master weights and gradients (8 bytes per parameter) and AdamW's two float32
+  moments (8 more) whatever --dtype says; under bfloat16 (autocast) also the bfloat16 copies of the
+  weights that the forward casts and backward keeps (2 more);
 - KV cache: capacity x (prompt + max_tokens + spec_tokens) x layers x 2 (K and V) x kv_heads x
   head_dim x b: the embedded engine allocates exactly these columns per row at once
   (`kv_tokens_per_row`; a verify forward may write spec_tokens past a row's end), so it never
@@ -16,10 +17,14 @@ micro-batch):
   (norm inputs and outputs, q, the attention output and the residual stream make about 6 x hidden;
   k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or memory-efficient
   attention saves no score matrix);  T = rows x (prompt + max_tokens), rows = ceil(micro_batch_tokens
-  / max_tokens): the micro-batch's responses at full length, each with its prompt, padded;
-- logits: float32 logits and their gradient for the positions computed at once: one chunk of
-  `LOGITS_CHUNK_TOKENS` for the torch trainer (it computes log-probs chunk by chunk), all T for
-  TorchTitan's.
+  / max_tokens): the micro-batch's responses at full length, each with its prompt, padded.  T is also
+  `forward_tokens`, the trainer's `max_forward_tokens`: a micro-batch is budgeted by response tokens,
+  so many short responses beside a long one would pad to far more (rows x longest row); the trainer
+  splits such a micro-batch into forwards of at most T padded tokens, so T is what one forward holds;
+- logits: `LOGITS_COPIES` float32 tensors of logits size for the positions computed at once (the
+  logits, their log-softmax, its exp, the entropy's product, and in backward their gradients:
+  measured 5.5-5.8 on CPU, tests/test_memory_plan.py): one chunk of `LOGITS_CHUNK_TOKENS` for the
+  torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from rollpacker.core.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
+LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's peak
 # the flag that shrinks each item, for the error message
 FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
@@ -82,6 +88,9 @@ class MemoryPlan:
     dtype: str = "float32"
     kv_tokens_per_row: int = 0
     """KV cache columns per engine row the plan counts (the engine allocates these)."""
+    forward_tokens: int = 0
+    """Padded tokens (rows x longest row) in one trainer forward the plan counts (the trainer's
+    max_forward_tokens)."""
 
     @property
     def total(self) -> int:
@@ -117,15 +126,15 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
     logit_tokens = min(batch_tokens, LOGITS_CHUNK_TOKENS) if trainer == "torch" else batch_tokens
     items = {
         "engine_weights": params * b,
-        "trainer_state": params * (2 * b + 8),
+        "trainer_state": params * (16 + (b if b < 4 else 0)),
         "kv_cache": engine_capacity * (sequence + spec_tokens) * shape.num_layers * 2 * shape.kv_dim * b,
         "activations": batch_tokens * shape.num_layers * per_token_layer * b,
-        "logits": logit_tokens * shape.vocab * 4 * 2,
+        "logits": logit_tokens * shape.vocab * 4 * LOGITS_COPIES,
     }
     if not with_engine:
         del items["engine_weights"], items["kv_cache"]
     return MemoryPlan(items=items, budget=budget, device=device, dtype=dtype,
-                      kv_tokens_per_row=sequence + spec_tokens)
+                      kv_tokens_per_row=sequence + spec_tokens, forward_tokens=batch_tokens)
 
 
 def device_budget(device: str) -> int:

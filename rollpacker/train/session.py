@@ -113,7 +113,7 @@ class Session:
             checkpoint=scheduler_state,
             rewards=config.reward_config(),
         )
-        self.trainer = build_trainer(config, self.model_dir)
+        self.trainer = build_trainer(config, self.model_dir, max_forward_tokens=self.memory_plan.forward_tokens)
         if init_distributed_env()[1] > 1:
             self.trainer = LeaderTrainer(self.trainer)
         self.engine = self._build_engine(model)
@@ -228,10 +228,11 @@ def engine_options(config: RunConfig, kv_tokens_per_row: int) -> dict:
                 kv_tokens_per_row=kv_tokens_per_row or None, cuda_graphs=None if config.cuda_graphs else False)
 
 
-def build_trainer(config: RunConfig, model_dir):
-    """The trainer `config.trainer` names: TorchTitan's, or plain PyTorch's on the HF model."""
+def build_trainer(config: RunConfig, model_dir, max_forward_tokens: int | None = None):
+    """The trainer `config.trainer` names: TorchTitan's, or plain PyTorch's on the HF model;
+    `max_forward_tokens`: the memory plan's padded tokens per forward."""
     common = dict(model_dir=str(model_dir), lr=config.lr, dtype=config.dtype, seed=config.seed,
-                  device=getattr(config, "device", None))
+                  device=getattr(config, "device", None), max_forward_tokens=max_forward_tokens)
     if config.trainer == "torch":
         from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
 
@@ -259,7 +260,9 @@ def follower_main(config: RunConfig) -> None:
     """Ranks > 0 under torchrun: hold a shard of the trainer and execute rank 0's calls."""
     from rollpacker.backends.models import resolve_model
 
-    follow(build_trainer(config, resolve_model(config.model)))
+    model_dir = resolve_model(config.model)
+    plan = plan_run_memory(config, model_dir, load_prompts(config, model_dir), resolve_device(config.device))
+    follow(build_trainer(config, model_dir, max_forward_tokens=plan.forward_tokens))  # rank 0's forwards
 
 
 def _as_dict(report) -> dict:

@@ -68,7 +68,11 @@ def _load(path: Path):
         raise DatasetError(f"--dataset {path}: unknown format {path.suffix!r}; use .jsonl or .parquet")
     if path.stat().st_size == 0:
         raise DatasetError(f"--dataset {path}: the file holds no rows")
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"--dataset {path}: reading a file needs Hugging Face `datasets`, which does not "
+                           f"import here (pip install datasets); --tasks needs no file") from None
 
     from rollpacker.backends.models import cache_dir
 

@@ -190,21 +190,29 @@ class Runner:
 
     @torch.inference_mode()
     def reserve(self, num_cols: int) -> None:
-        """Make every slot hold at least `num_cols` columns (grows by doubling, never past the
-        model's context plus a verify's width; drops graphs)."""
+        """Make every slot hold at least `num_cols` columns (drops graphs).  With `cols_per_slot`
+        the cache is allocated once at exactly that size, and a row needing more is an error;
+        without, it grows by doubling, never past the model's context plus a verify's width."""
         if self.cache is not None and self.cache.length >= num_cols:
             return
-        step = 64
-        length = max(num_cols, 2 * self.cache.length if self.cache is not None else self.cols_per_slot or 0)
-        length = max(num_cols, min(length, self.max_cols))
-        length = -(-length // step) * step
-        if self.cache is None:
-            self.cache = SlotCache(self.num_layers, self.capacity, self.kv_heads, self.head_dim, length,
+        if self.cols_per_slot is not None:  # the memory plan's size: allocated once, never grown
+            if num_cols > self.cols_per_slot:
+                raise ValueError(f"a row needs {num_cols} KV cache columns but the cache holds {self.cols_per_slot} "
+                                 f"per row (kv_tokens_per_row: the longest prompt plus max new tokens)")
+            self.cache = SlotCache(self.num_layers, self.capacity, self.kv_heads, self.head_dim, self.cols_per_slot,
                                    self.dtype, self.device)
         else:
-            self.cache = self.cache.grown(length)
-            if self.use_graphs:  # past a planned size, or none was given: every graph again
-                log.warning("KV cache grew to %d columns per slot; capturing its CUDA graphs again", length)
+            step = 64
+            length = max(num_cols, 2 * self.cache.length if self.cache is not None else 0)
+            length = max(num_cols, min(length, self.max_cols))
+            length = -(-length // step) * step
+            if self.cache is None:
+                self.cache = SlotCache(self.num_layers, self.capacity, self.kv_heads, self.head_dim, length,
+                                       self.dtype, self.device)
+            else:
+                self.cache = self.cache.grown(length)
+                if self.use_graphs:  # no planned size was given: every graph again
+                    log.warning("KV cache grew to %d columns per slot; capturing its CUDA graphs again", length)
         self._graphs.clear()
         if self.use_graphs:
             self.capture_graphs()

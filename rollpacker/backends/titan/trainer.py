@@ -130,14 +130,8 @@ class TitanTrainer(PolicyTrainer):
         from torchtitan.config import CompileConfig, TrainingConfig
         from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
 
-        dtype = getattr(torch, self.config.dtype)
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device("meta"):
-                model = self.spec.model_config.build()
-        finally:
-            torch.set_default_dtype(default)
+        with torch.device("meta"):  # float32 master weights; bfloat16 is the compute dtype (FSDP2's
+            model = self.spec.model_config.build()  # param_dtype when sharded, autocast in _logprobs)
         hf_weights = read_hf_weights(self.config.model_dir, expected_hf_shapes(self.adapter, model))
 
         model = self.spec.parallelize_fn(
@@ -155,7 +149,7 @@ class TitanTrainer(PolicyTrainer):
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_weights(buffer_device=None)
-        titan_sd = self.adapter.from_hf({k: v.to(dtype) for k, v in hf_weights.items()})
+        titan_sd = self.adapter.from_hf({k: v.to(torch.float32) for k, v in hf_weights.items()})
         set_model_state_dict(model, titan_sd, options=StateDictOptions(full_state_dict=True, strict=True))
         if trainable:
             model.train()
@@ -166,11 +160,14 @@ class TitanTrainer(PolicyTrainer):
 
     def export_weights(self) -> dict[str, Any]:
         """HF-named full tensors (on CPU) of the current policy, on every rank.  With tied
-        embeddings the one shared matrix is exported as model.embed_tokens.weight."""
+        embeddings the one shared matrix is exported as model.embed_tokens.weight.  In config.dtype:
+        the float32 master weights cast to bfloat16 under --dtype bfloat16."""
+        import torch
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        return {k: v.detach().cpu().clone() for k, v in self.adapter.to_hf(sd).items()}
+        dtype = getattr(torch, self.config.dtype)
+        return {k: v.detach().cpu().to(dtype, copy=True) for k, v in self.adapter.to_hf(sd).items()}
 
     def gradients(self) -> dict[str, Any]:
         """The accumulated (not yet normalised) gradients as HF-named full tensors on every rank;

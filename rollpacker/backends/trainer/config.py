@@ -47,7 +47,13 @@ class TrainerConfig:
     """Weight of the k3 KL estimate to the reference policy (the initial weights); 0 turns the
     reference model off entirely (no second copy of the weights is built)."""
     dtype: str = field(default="float32", validator=in_(TRAINER_DTYPES))
-    """Parameter and compute dtype."""
+    """Compute dtype.  Parameters, gradients and AdamW's state are float32 either way (bfloat16: the
+    forward and backward run under autocast over float32 master weights; export_weights gives
+    bfloat16 copies, for the engine)."""
+    max_forward_tokens: int | None = field(default=None)
+    """Most padded tokens (rows x longest row, prompt included) in one forward: a micro-batch that
+    pads to more runs as several forwards whose gradients add up (the loss is a sum); None: one
+    forward per micro-batch.  The run sets it from its memory plan, which counts exactly this."""
     seed: int = field(default=0, validator=instance_of(int))
     """Seed of torch's RNG on every rank (the loss itself is deterministic: no dropout)."""
     device: str | None = None
@@ -59,6 +65,9 @@ class TrainerConfig:
             raise ConfigError(f"{name}.max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
         if self.clip_eps_high is not None and not self.clip_eps_high > 0:
             raise ConfigError(f"{name}.clip_eps_high must be > 0 or None, got {self.clip_eps_high!r}")
+        if self.max_forward_tokens is not None and not (isinstance(self.max_forward_tokens, int)
+                                                        and self.max_forward_tokens >= 1):
+            raise ConfigError(f"{name}.max_forward_tokens must be an int >= 1 or None, got {self.max_forward_tokens!r}")
         if self.device not in (None, "cpu", "cuda"):
             raise ConfigError(f"{name}.device must be 'cpu', 'cuda' or None, got {self.device!r}")
 

@@ -82,6 +82,32 @@ def split_for_ranks(samples: Sequence[TrainSample], num_ranks: int) -> list[list
     return [sorted(p) for p in parts]
 
 
+def padded_width(samples: Sequence[TrainSample], pad_multiple: int) -> int:
+    """Columns of `pack(samples)`: the longest row (prompt + response - 1), rounded up to pad_multiple."""
+    longest = max(len(s.prompt_ids) + len(s.response_ids) - 1 for s in samples)
+    return -(-longest // pad_multiple) * pad_multiple
+
+
+def padded_chunks(samples: Sequence[TrainSample], max_tokens: int | None, *,
+                  pad_multiple: int = 1) -> list[list[TrainSample]]:
+    """`samples` in forwards of at most `max_tokens` padded tokens each (rows x the padded longest
+    row, the prompt included); a row longer than that goes alone.  The micro-batch is budgeted by
+    response tokens, so many short responses beside one long one pad to far more than the budget;
+    since the loss is a sum, the chunks' gradients add up to the micro-batch's.  One chunk, in the
+    given order, when everything fits (or `max_tokens` is None); otherwise longest first, so each
+    chunk pads to its own first row.  Deterministic: every rank computes the same chunks."""
+    if max_tokens is None or len(samples) * padded_width(samples, pad_multiple) <= max_tokens:
+        return [list(samples)]
+    chunks: list[list[TrainSample]] = []
+    width = 0
+    for s in sorted(samples, key=lambda s: -(len(s.prompt_ids) + len(s.response_ids))):
+        if not chunks or (len(chunks[-1]) + 1) * width > max_tokens:
+            chunks.append([])
+            width = padded_width([s], pad_multiple)
+        chunks[-1].append(s)
+    return chunks
+
+
 @frozen
 class PackedBatch:
     """Right-padded tensors of one rank's samples.  Position t predicts token t + 1."""

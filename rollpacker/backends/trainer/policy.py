@@ -1,8 +1,10 @@
 """What the two GRPO trainers (TorchTitan's `TitanTrainer`, plain PyTorch's `TorchTrainer`) share:
 the Trainer Protocol's step logic, written once over three hooks.
 
-    forward_backward(batch)      check -> this rank's token-balanced share -> pack -> log-probs
-                                 (hook `_logprobs`) -> GRPO loss -> backward; stats summed over ranks
+    forward_backward(batch)      check -> forwards of <= max_forward_tokens padded tokens ->
+                                 each: this rank's token-balanced share -> pack -> log-probs (hook
+                                 `_logprobs`, under bf16 autocast when dtype says so) -> GRPO loss
+                                 -> backward; stats summed over forwards and ranks
     optimizer_step(normalizer)   grads /= normalizer, clip the global norm, one AdamW step
     save(path) / load(path)      model + optimizer (torch.distributed.checkpoint, any rank layout)
                                  and the step, written beside `path` and renamed into place
@@ -27,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rollpacker.backends.trainer.loss import check_micro_batch, grpo_token_loss, pack, split_for_ranks
+from rollpacker.backends.trainer.loss import check_micro_batch, grpo_token_loss, pack, padded_chunks, split_for_ranks
 from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import MicroBatch, TrainStats
 
@@ -123,24 +125,36 @@ class PolicyTrainer:
     # --- Trainer protocol -----------------------------------------------------------------
 
     def forward_backward(self, batch: MicroBatch) -> TrainStats:
-        """Accumulate the gradient of sum_i w_i sum_t loss_it over this rank's share of `batch`."""
+        """Accumulate the gradient of sum_i w_i sum_t loss_it over this rank's share of `batch`, in
+        forwards of at most `config.max_forward_tokens` padded tokens (`padded_chunks`)."""
+        check_micro_batch(batch, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
+        chunks = padded_chunks(batch.samples, self.config.max_forward_tokens, pad_multiple=self.pad_multiple)
+        local = sum(self._chunk_backward(chunk) for chunk in chunks)
+        totals = self._sum_over_dp(local).tolist()
+        stats = TrainStats(loss_sum=totals[0], num_tokens=int(totals[1]), entropy_sum=totals[2],
+                           clip_fraction=totals[3] / max(totals[1], 1.0))
+        self._pending.add(stats, totals[3])
+        return stats
+
+    def _chunk_backward(self, samples: list) -> Any:
+        """Backward of this rank's share of `samples` in one padded forward; its [loss, tokens,
+        entropy, clipped] sums (float64, on CPU)."""
         import torch
 
-        check_micro_batch(batch, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
-        share = split_for_ranks(batch.samples, self.dp_size)[self.dp_rank]
+        share = split_for_ranks(samples, self.dp_size)[self.dp_rank]
         # A rank left without samples still runs the collectives with a zero-weighted stand-in.
         is_empty = not share
-        samples = [batch.samples[i] for i in share] or [batch.samples[0]]
-        packed = pack(samples, pad_multiple=self.pad_multiple, device=self.device)
+        packed = pack([samples[i] for i in share] or [samples[0]], pad_multiple=self.pad_multiple, device=self.device)
 
-        logp, entropy = self._logprobs(self.model, packed)
+        with self._compute_dtype():
+            logp, entropy = self._logprobs(self.model, packed)
         # Old policy: the rollout's log-probs, or else the current weights' (unchanged since the
         # last optimizer step, so the detached forward values are exactly the recompute).
         has_old = packed.has_old if self.config.use_rollout_logprobs else torch.zeros_like(packed.has_old)
         old = torch.where(has_old, packed.old_logprobs, logp.detach())
         ref = None
         if self.ref_model is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self._compute_dtype():
                 ref, _ = self._logprobs(self.ref_model, packed)
         token_loss, clipped = grpo_token_loss(
             logp, old, packed.advantages,
@@ -150,13 +164,18 @@ class PolicyTrainer:
         loss.backward()
 
         mask = packed.mask & (not is_empty)
-        local = torch.stack([loss.detach().double(), mask.sum().double(),
-                             (entropy.detach() * mask).sum().double(), (clipped & mask).sum().double()])
-        totals = self._sum_over_dp(local).tolist()
-        stats = TrainStats(loss_sum=totals[0], num_tokens=int(totals[1]), entropy_sum=totals[2],
-                           clip_fraction=totals[3] / max(totals[1], 1.0))
-        self._pending.add(stats, totals[3])
-        return stats
+        return torch.stack([loss.detach().double(), mask.sum().double(),
+                            (entropy.detach() * mask).sum().double(), (clipped & mask).sum().double()]).cpu()
+
+    def _compute_dtype(self):
+        """bfloat16 compute over the float32 master weights (autocast) when config.dtype says so:
+        parameters, gradients and AdamW's moments stay float32, so an update far below a bf16
+        weight's resolution (lr 1e-5) still lands."""
+        import torch
+
+        if self.config.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.config.dtype))
 
     def optimizer_step(self, loss_normalizer: float) -> TrainStats:
         """Divide the accumulated gradients by `loss_normalizer`, clip, take one AdamW step."""

@@ -102,7 +102,8 @@ class TorchTrainer(PolicyTrainer):
         from transformers import AutoModelForCausalLM
 
         try:
-            hf = AutoModelForCausalLM.from_pretrained(self.config.model_dir, dtype=getattr(torch, self.config.dtype))
+            # float32 master weights whatever config.dtype: bfloat16 is the compute dtype (autocast)
+            hf = AutoModelForCausalLM.from_pretrained(self.config.model_dir, dtype=torch.float32)
         except (ValueError, OSError) as exc:
             raise ConfigError(f"cannot load a causal LM from {self.config.model_dir!r}: {exc}") from None
         model = PolicyLogprobs(hf, self.config.logits_chunk_tokens).to(self.device)
@@ -116,8 +117,10 @@ class TorchTrainer(PolicyTrainer):
 
     def export_weights(self) -> dict[str, Any]:
         """HF-named full tensors (on CPU) of the current policy, on every rank (collective under
-        FSDP).  With tied embeddings the one shared matrix is exported as model.embed_tokens.weight."""
-        return {name.removeprefix(_PREFIX): full_cpu(p) for name, p in self.model.named_parameters()}
+        FSDP), in config.dtype (the float32 master weights cast to bfloat16 under --dtype bfloat16).
+        With tied embeddings the one shared matrix is exported as model.embed_tokens.weight."""
+        dtype = getattr(torch, self.config.dtype)
+        return {name.removeprefix(_PREFIX): full_cpu(p).to(dtype) for name, p in self.model.named_parameters()}
 
     def gradients(self) -> dict[str, Any]:
         """The accumulated (not yet normalised) gradients, HF-named full tensors on every rank (a

@@ -1,0 +1,66 @@
+"""Run in a fresh process: allocate what a colocated run allocates (the embedded engine's weights
+and KV cache while it decodes, the trainer's state, and a worst-case padded micro-batch: one
+full-length response beside many one-token ones), then print the memory plan's items and the
+measured peak (CPU: ru_maxrss above the peak after imports; CUDA: torch.cuda.max_memory_allocated)
+as one JSON line.  Used by tests/test_memory_plan.py.
+
+    python tests/memory_probe.py '{"model": DIR, "device": "cpu", "dtype": "float32", "capacity": 32,
+                                   "prompt": 64, "max_tokens": 448, "micro_batch_tokens": 512}'
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(spec: dict) -> dict:
+    import torch
+    import transformers  # noqa: F401 - imports before the baseline: the runtime is not the plan's
+
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
+    from rollpacker.backends.models import load_model, read_config_json
+    from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
+    from rollpacker.core.protocols import GenerationRequest, MicroBatch, TrainSample
+    from rollpacker.train.memory_plan import ModelShape, plan_memory
+
+    device, cuda = spec["device"], spec["device"] == "cuda"
+    prompt, max_tokens, mbt = spec["prompt"], spec["max_tokens"], spec["micro_batch_tokens"]
+    plan = plan_memory(ModelShape.from_config(read_config_json(spec["model"])), dtype=spec["dtype"],
+                       engine_capacity=spec["capacity"], prompt_tokens=prompt, max_tokens=max_tokens,
+                       micro_batch_tokens=mbt, trainer="torch", budget=2**50, device=device)
+    baseline = 0 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    model, _ = load_model(spec["model"], dtype=spec["dtype"], device=device)
+    engine = EmbeddedEngine(model, capacity=spec["capacity"], device=device, stop_token_ids=(),
+                            kv_tokens_per_row=plan.kv_tokens_per_row, spec_max_rows=0)
+    engine.submit([GenerationRequest(f"r{i}", tuple(range(3, 3 + prompt)), max_tokens, temperature=0.0)
+                   for i in range(spec["capacity"])])
+    while len(engine._batch.rows) < spec["capacity"]:  # every row admitted: the KV cache is allocated
+        time.sleep(0.05)
+    engine.pause()  # held, not decoding: the trainer has the cores
+    trainer = TorchTrainer(TorchTrainerConfig(model_dir=spec["model"], dtype=spec["dtype"], device=device, lr=1e-5,
+                                              max_forward_tokens=plan.forward_tokens))
+    ids = tuple(range(5, 5 + prompt))
+    rows = [TrainSample(ids, tuple(range(7, 7 + max_tokens)), 1.0, 1.0)]
+    rows += [TrainSample(ids, (9,), -1.0, 1.0) for _ in range(mbt - max_tokens)]  # budgeted: mbt response tokens
+    trainer.forward_backward(MicroBatch(tuple(rows)))
+    trainer.optimizer_step(float(mbt))
+    engine.update_weights(trainer.export_weights(), 1)
+    engine.abort([f"r{i}" for i in range(spec["capacity"])])
+    engine.close()
+    if cuda:
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
+    return {"plan": plan.items, "plan_total": plan.total, "forward_tokens": plan.forward_tokens,
+            "kv_tokens_per_row": plan.kv_tokens_per_row, "peak": peak, "baseline": baseline}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
