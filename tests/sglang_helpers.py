@@ -118,8 +118,8 @@ def _now(started: float) -> float:
 class LoopbackApp:
     """A loopback aiohttp app in a thread, for answers no real server gives."""
 
-    def __init__(self, routes) -> None:
-        self.port = free_port()
+    def __init__(self, routes, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
         app = web.Application()
@@ -152,7 +152,7 @@ async def answer_model_info(request):
     return web.json_response({"model_path": "m"})
 
 
-def fake_sglang(generate) -> LoopbackApp:
+def fake_sglang(generate, port: int | None = None) -> LoopbackApp:
     """A loopback server that passes the client's start checks and answers /generate with `generate`."""
     return LoopbackApp([web.get("/health", answer_ok), web.get("/get_model_info", answer_model_info),
-                        web.post("/generate", generate)])
+                        web.post("/generate", generate)], port)

@@ -221,6 +221,38 @@ def test_running_out_of_file_descriptors_is_one_error_naming_the_limit_not_silen
         app.close()
 
 
+@pytest.mark.timeout(60)
+def test_a_generate_whose_connection_cannot_open_yet_is_tried_again_not_aborted():
+    """A /generate whose connection could not be opened never reached the server (it restarts, or
+    its accept backlog overflowed in a connect storm): it is tried again with backoff, not returned
+    as an abort nobody asked for."""
+    final = sse(result_chunk(GenerationResult("rp000000000007", (5, 6, 7), (-0.5,) * 3, "stop", 3, 0.0),
+                             prompt_tokens=3, latency_s=1.0, max_new_tokens=8))
+
+    async def three_tokens(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(final + sse(None))
+        return resp
+
+    app = fake_sglang(three_tokens)
+    patient = HttpConfig(connect_timeout_s=2.0, control_timeout_s=5.0, retries=6, backoff_s=0.2)
+    try:
+        with SGLangEngine([app.url], http=patient, capacity_per_server=4, stall_timeout_s=30) as eng:
+            app.close()  # nothing listens on its port for a while: connections are refused
+            time.sleep(0.3)
+            eng.submit([request(7)])
+            time.sleep(0.5)
+            app = fake_sglang(three_tokens, port=app.port)
+            results: list = []
+            deadline = time.monotonic() + 30
+            while not results and time.monotonic() < deadline:
+                results = [r for r in eng.poll(0.2) if isinstance(r, GenerationResult)]
+        assert [(r.finish_reason, r.token_ids) for r in results] == [("stop", (5, 6, 7))]
+    finally:
+        app.close()
+
+
 def hang(task, entry, response):
     time.sleep(3600)
 

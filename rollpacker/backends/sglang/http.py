@@ -11,6 +11,7 @@ answer that is not SGLang's format, or not even HTTP), and its message starts wi
 from __future__ import annotations
 
 import asyncio
+import errno
 from typing import Any
 
 import aiohttp
@@ -30,8 +31,12 @@ class HttpConfig:
     """Attempts of a control call, in all."""
     backoff_s: float = 0.2
     """Wait before the second attempt; doubles each time."""
+    max_opening: int = 64
+    """Most /generate requests opening a connection to one server at once (the rest wait their turn):
+    thousands of connects at once overflow a server's accept backlog and time out."""
 
 
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
 _NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)
 
 
@@ -42,6 +47,7 @@ class ServerClient:
         self.url = url.rstrip("/")
         self.session = session
         self.config = config
+        self._opening = asyncio.Semaphore(config.max_opening)
 
     async def call(self, method: str, path: str, body: Any = None, *, timeout_s: float | None = None,
                    retries: int | None = None, expect_json: bool = True) -> Any:
@@ -127,12 +133,23 @@ class ServerClient:
                                timeout_s=self.config.weights_timeout_s, retries=1)
 
     async def open_generate(self, body: dict) -> aiohttp.ClientResponse:
-        """POST /generate (streamed); the caller reads and releases the response."""
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s, sock_connect=self.config.connect_timeout_s)
-        try:
-            resp = await self.session.post(self.url + "/generate", json=body, timeout=timeout)
-        except _NETWORK_ERRORS as exc:
-            raise ServerUnavailable(f"server {self.url}: /generate unreachable ({type(exc).__name__}: {exc})") from None
+        """POST /generate (streamed); the caller reads and releases the response.  A connection
+        that could not be opened (refused or timed out: the request never reached the server) is
+        tried again, `retries` attempts in all."""
+        cfg = self.config
+        timeout = aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s, sock_connect=cfg.connect_timeout_s)
+        attempts = max(1, cfg.retries)
+        for attempt in range(attempts):
+            try:
+                async with self._opening:
+                    resp = await self.session.post(self.url + "/generate", json=body, timeout=timeout)
+                break
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                if attempt + 1 >= attempts or getattr(exc, "errno", None) in _OUT_OF_FILES:
+                    raise ServerUnavailable(f"server {self.url}: /generate unreachable ({type(exc).__name__}: {exc})") from exc
+                await asyncio.sleep(cfg.backoff_s * 2**attempt)
+            except _NETWORK_ERRORS as exc:
+                raise ServerUnavailable(f"server {self.url}: /generate unreachable ({type(exc).__name__}: {exc})") from exc
         if resp.status >= 400:
             text = await resp.text(errors="replace")
             resp.release()
