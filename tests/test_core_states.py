@@ -28,7 +28,15 @@ from rollpacker.core import (
 )
 from rollpacker.core import planner, states, stream_batcher
 from rollpacker.core.prompt_pool import PromptPool
-from rollpacker.core.states import TRANSITIONS, GroupState, RequestState, RewardStatus, RoundPhase, transition
+from rollpacker.core.states import (
+    TRANSITIONS,
+    GroupState,
+    PromptStatus,
+    RequestState,
+    RewardStatus,
+    RoundPhase,
+    transition,
+)
 
 VARIANTS = [
     ("sync", {}),
@@ -63,10 +71,10 @@ def driver_for(name, knobs, run, cls=RandomDriver):
 # -- the table -------------------------------------------------------------------------------------
 
 def test_the_table_covers_every_state_and_starts_each_machine_once():
-    members = {m for machine in (RequestState, GroupState, RoundPhase, RewardStatus) for m in machine}
+    members = {m for machine in (RequestState, GroupState, RoundPhase, PromptStatus, RewardStatus) for m in machine}
     assert set(TRANSITIONS) == members
     assert all(set(targets) <= members and all(type(t) is type(s) for t in targets) for s, targets in TRANSITIONS.items())
-    assert [type(s) for s in states.INITIAL] == [RequestState, GroupState, RoundPhase, RewardStatus]
+    assert [type(s) for s in states.INITIAL] == [RequestState, GroupState, RoundPhase, PromptStatus, RewardStatus]
     # every state is reachable from its machine's initial state
     for start in states.INITIAL:
         seen, frontier = {start}, [start]
@@ -84,6 +92,17 @@ def test_a_move_not_in_the_table_is_scheduler_misuse_naming_the_subject():
         transition(RequestState.FINISHED, RequestState.ABORTING, 7)
     with pytest.raises(SchedulerMisuse, match="round of step 3 from OPEN to ENDED"):
         transition(RoundPhase.OPEN, RoundPhase.ENDED, "of step 3")
+
+
+def test_the_pool_refuses_a_move_the_table_lacks():
+    pool, keys = PromptPool(num_prompts=4).take(2)
+    pool = pool.complete(keys[:1])
+    with pytest.raises(SchedulerMisuse, match=f"prompt {keys[0]} from COMPLETED to FRESH"):
+        pool.release(keys[:1])
+    with pytest.raises(SchedulerMisuse, match="from FRESH to DEFERRED"):
+        pool.defer([k for k in (PromptPool(num_prompts=4).take(4)[1]) if k not in keys][:1])
+    with pytest.raises(SchedulerMisuse, match="twice"):
+        pool.defer(keys[1:] * 2)
 
 
 def test_a_second_reward_for_a_sample_is_refused_by_the_table():

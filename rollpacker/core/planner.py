@@ -16,8 +16,14 @@ takes one engine event:
 
 The round ends when it is closing and no request is outstanding: completed groups are trained
 (pool: completed), incomplete ones go where the policy says (deferred, returned, carried) and
-`EndRound` reports the round's accounting.  Aborted work is never trained: a request is in the
-round's tables until its answer arrives, so a late answer is recognised and discarded.
+`EndRound` reports the round's accounting.  A request is in the round's tables until its answer
+arrives, so a late answer is recognised.  A request we aborted is never scored in its round: its
+late finish is wasted, or, by a policy that carries unfinished work, kept unscored in its carried
+group and scored when that group completes (a sample that goes stale first is never scored).
+
+Every state a transition changes (request, group, round) is an enum of states.py and moves only
+through `transition`, which refuses a move its table lacks.  A transition works on a `Draft`, the
+state taken apart into typed mutable fields, frozen back into a `PlannerState` once per event.
 
 Every prompt is trained exactly once per epoch because a key leaves the pool's in-flight set only
 by `complete` (trained), `defer` or `release` (drawn again later), and the planner completes

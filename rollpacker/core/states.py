@@ -24,6 +24,12 @@ RoundPhase (planner.py: the rollout part of a step)
     OPEN --target groups complete--> CLOSING   every running request is aborted
     CLOSING --no request left------> ENDED     EndRound
 
+PromptStatus (prompt_pool.py: one prompt of one epoch; derived from the pool, never stored)
+
+    FRESH --take--------------> IN_FLIGHT --complete--> COMPLETED (trained)
+    IN_FLIGHT --defer---------> DEFERRED --take_deferred--> IN_FLIGHT
+    IN_FLIGHT --release, recover--> FRESH
+
 RewardStatus (stream_batcher.py: one kept sample's reward)
 
     AWAITING --RewardScored-------> SCORED
@@ -59,6 +65,13 @@ class RoundPhase(enum.Enum):
     ENDED = "ended"
 
 
+class PromptStatus(enum.Enum):
+    FRESH = "fresh"
+    IN_FLIGHT = "in flight"
+    DEFERRED = "deferred"
+    COMPLETED = "completed"
+
+
 class RewardStatus(enum.Enum):
     AWAITING = "awaiting"
     SCORED = "scored"
@@ -78,6 +91,10 @@ TRANSITIONS: dict[enum.Enum, frozenset[enum.Enum]] = {
     RoundPhase.OPEN: frozenset({RoundPhase.CLOSING}),
     RoundPhase.CLOSING: frozenset({RoundPhase.ENDED}),
     RoundPhase.ENDED: frozenset(),
+    PromptStatus.FRESH: frozenset({PromptStatus.IN_FLIGHT}),
+    PromptStatus.IN_FLIGHT: frozenset({PromptStatus.DEFERRED, PromptStatus.FRESH, PromptStatus.COMPLETED}),
+    PromptStatus.DEFERRED: frozenset({PromptStatus.IN_FLIGHT}),
+    PromptStatus.COMPLETED: frozenset(),
     RewardStatus.AWAITING: frozenset({RewardStatus.SCORED, RewardStatus.DISCARDED}),
     RewardStatus.SCORED: frozenset(),
     RewardStatus.DISCARDED: frozenset({RewardStatus.DROPPED}),
@@ -85,7 +102,7 @@ TRANSITIONS: dict[enum.Enum, frozenset[enum.Enum]] = {
 }
 """state -> the states it may move to.  Every member of every enum above is a key."""
 
-INITIAL = (RequestState.RUNNING, GroupState.OPEN, RoundPhase.OPEN, RewardStatus.AWAITING)
+INITIAL = (RequestState.RUNNING, GroupState.OPEN, RoundPhase.OPEN, PromptStatus.FRESH, RewardStatus.AWAITING)
 """The state each machine starts in."""
 
 
@@ -101,4 +118,5 @@ def transition(current: enum.Enum, new: enum.Enum, subject: object) -> enum.Enum
                           f"(allowed from {current.name}: {allowed})")
 
 
-_NOUNS = {RequestState: "request", GroupState: "group", RoundPhase: "round", RewardStatus: "reward of"}
+_NOUNS = {RequestState: "request", GroupState: "group", RoundPhase: "round", PromptStatus: "prompt",
+          RewardStatus: "reward of"}
