@@ -23,9 +23,8 @@ from rollpacker.core import (
     ScoreSample,
     TrainMicroBatch,
     make_policy,
-    request_id,
-    request_number,
 )
+from rollpacker.core.records import request_id, request_number
 from rollpacker.core import planner, states, stream_batcher
 from rollpacker.core.prompt_pool import PromptPool
 from rollpacker.core.states import (
