@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import Counter
 
 from rollpacker.core import (
     AbortRequest,
@@ -24,6 +25,28 @@ from rollpacker.core import (
     StepOptimizer,
     TrainMicroBatch,
 )
+from rollpacker.core.prompt_pool import COMPLETED, PromptPool, epoch_order
+from rollpacker.core.records import PromptKey
+
+
+def check_trained_exactly_once(pool: PromptPool, trained: list[PromptKey]) -> None:
+    """Every key the pool has handed out is trained exactly once, or still to be trained (in
+    flight, deferred or fresh again), whether or not it was ever launched; the keys trained from an
+    epoch with nothing left pending are exactly that epoch's keys, each once."""
+    counts = Counter(trained)
+    twice = sorted(k for k, n in counts.items() if n > 1)
+    assert not twice, f"trained twice: {twice[:5]}"
+    assert all(k.epoch <= pool.epoch for k in counts), "a trained key the pool never handed out"
+    for epoch in range(pool.epoch + 1):
+        order = epoch_order(pool.num_prompts, pool.seed, epoch)
+        keys = [PromptKey(epoch, int(i)) for i in (order if epoch < pool.epoch else order[:pool.cursor])]
+        status = {k: pool.status(k) for k in keys}
+        lost = [k for k in keys if status[k] == COMPLETED and k not in counts]
+        assert not lost, f"lost (completed, never trained): {lost[:5]}"
+        pending = [k for k in keys if status[k] != COMPLETED and k in counts]
+        assert not pending, f"trained but still pending: {pending[0]} ({status[pending[0]]})"
+        if epoch < pool.epoch and all(s == COMPLETED for s in status.values()):
+            assert Counter(k for k in trained if k.epoch == epoch) == Counter(keys)
 
 
 class RandomDriver:

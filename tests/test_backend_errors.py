@@ -20,8 +20,10 @@ from sglang_helpers import LoopbackApp, answer_ok, fake_sglang, request
 from rollpacker.backends import errors
 from rollpacker.backends.errors import (
     BackendError,
+    BackendMisuse,
     BackendProtocolError,
     EngineFailed,
+    GraphCaptureFailed,
     InvalidMicroBatch,
     RewardExecutorFailed,
     SGLangError,
@@ -39,14 +41,14 @@ from rollpacker.core.protocols import GenerationResult, RewardJob
 
 FAST = HttpConfig(connect_timeout_s=1.0, control_timeout_s=2.0, retries=2, backoff_s=0.05)
 FAMILY = (SGLangError, ServerUnavailable, ServerRejected, BackendProtocolError, EngineFailed,
-          RewardExecutorFailed, InvalidMicroBatch)
+          GraphCaptureFailed, RewardExecutorFailed, InvalidMicroBatch, BackendMisuse)
 
 
 def test_every_backend_error_is_one_family():
     assert sorted(errors.__all__) == sorted(["BackendError", *(c.__name__ for c in FAMILY)])
     for cls in FAMILY:
         assert issubclass(cls, BackendError) and issubclass(cls, RollpackerError), cls
-    assert issubclass(InvalidMicroBatch, ValueError)
+    assert issubclass(InvalidMicroBatch, ValueError) and issubclass(BackendMisuse, ValueError)
     assert all(issubclass(c, SGLangError) for c in (ServerUnavailable, ServerRejected, BackendProtocolError))
     assert not issubclass(ConfigError, BackendError) and not issubclass(SchedulerMisuse, BackendError)
 
@@ -104,6 +106,37 @@ def test_an_answer_that_is_not_utf8_is_a_protocol_error_naming_the_server():
             SGLangEngine([latin.url], http=FAST, start_timeout_s=10)
     finally:
         latin.close()
+
+
+@pytest.mark.timeout(60)
+def test_sglang_engine_misuse_is_a_backend_error_not_scheduler_misuse():
+    """A duplicate running id, an abort of an id never sent, a closed engine: the engine's misuse
+    (BackendMisuse), not an event the core's state machines refused (SchedulerMisuse)."""
+
+    async def hang(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await asyncio.sleep(30)
+        return resp
+
+    app = fake_sglang(hang)
+    try:
+        eng = SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=60)
+        eng.submit([request(1)])
+        errors_seen = []
+        for call in (lambda: eng.submit([request(1)]), lambda: eng.abort(["rp000000000099"])):
+            with pytest.raises(BackendMisuse) as info:
+                call()
+            errors_seen.append(info.value)
+        eng.abort(["rp000000000001"])
+        eng.close()
+        with pytest.raises(BackendMisuse, match="closed") as info:
+            eng.submit([request(2)])
+        errors_seen.append(info.value)
+        assert not any(isinstance(e, SchedulerMisuse) for e in errors_seen)
+        assert "rp000000000001" in str(errors_seen[0]) and "rp000000000099" in str(errors_seen[1])
+    finally:
+        app.close()
 
 
 @pytest.mark.timeout(60)

@@ -9,12 +9,12 @@ from rollpacker.core import (
     LaunchRequest,
     RequestAborted,
     RequestFinished,
-    RoundPlanner,
     SchedulerMisuse,
     Scheduler,
     make_policy,
     policy_knobs,
 )
+from rollpacker.core.planner import RoundPlanner
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,8 @@ from rollpacker.core import (
     TrainMicroBatch,
     advantages,
     bubble_ratio,
-    request_id,
 )
+from rollpacker.core.records import request_id
 from rollpacker.core.commands import RoundReport
 from rollpacker.core.prompt_pool import COMPLETED, DEFERRED, FRESH, IN_FLIGHT
 
@@ -216,3 +216,14 @@ def test_bubble_ratio_matches_the_sortedrl_formula():
     # capacity 4: 4 running for 1 s, then 1 running for 3 s -> idle 9 of 16 slot-seconds
     assert bubble_ratio([0.0, 1.0], [4, 1], capacity=4, end=4.0) == pytest.approx(9 / 16)
     assert bubble_ratio([0.0], [8], capacity=4, end=2.0) == 0.0
+
+
+def test_the_public_api_lists_components_not_planner_internals():
+    import rollpacker.core as core
+
+    for name in ("Scheduler", "PromptPool", "StreamBatcher", "RewardScheduler", "TpRule", "make_policy", "Policy"):
+        assert name in core.__all__ and hasattr(core, name)
+    for name in ("RoundPlanner", "PlannerState", "request_id", "request_number", "plan_tp", "OnlineTP", "TpChoice"):
+        assert name not in core.__all__ and not hasattr(core, name)
+    assert sorted(core.__all__) == sorted(set(core.__all__))
+    assert all(hasattr(core, name) for name in core.__all__)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import RandomDriver
+from helpers import RandomDriver, check_trained_exactly_once
 from rollpacker.core import (
     BatcherConfig,
     CloseGroup,
@@ -72,6 +72,7 @@ def check_no_loss(driver: RandomDriver, trained: list) -> None:
     assert not lost, f"lost prompts: {sorted(lost)[:5]}"
     pending = [k for k in trained if pool.status(k) != COMPLETED]
     assert not pending, f"a trained prompt is still pending: {pending[0]} ({pool.status(pending[0])})"
+    check_trained_exactly_once(pool, trained)  # launched or not
 
 
 @pytest.mark.parametrize("name,knobs", POLICY_VARIANTS, ids=[f"{n}{k}" for n, k in POLICY_VARIANTS])

@@ -13,6 +13,7 @@ from devices import DEVICES
 
 from rollpacker.backends.embedded.engine import EmbeddedEngine, UnknownRequest
 from rollpacker.backends.models import ModelError, load_model, resolve_model, tiny_random_llama
+from rollpacker.backends.errors import BackendMisuse
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
 
@@ -195,7 +196,7 @@ def test_resume_ids_pause_and_close(tiny):
     left = engine.poll(1.0)
     assert [(e.request_id, e.finish_reason) for e in left if isinstance(e, GenerationResult)] == [("c", "abort")]
     assert engine.poll(None) == []  # nothing in flight: returns at once
-    with pytest.raises(SchedulerMisuse, match="closed"):
+    with pytest.raises(BackendMisuse, match="closed"):
         engine.submit([Req("z", p, 1)])
 
 
@@ -223,10 +224,11 @@ def test_bad_input_fails_before_generation(tiny, tmp_path):
             engine.submit([Req("ok", (5, 6), 4), Req("long", too_long, 4)])
         with pytest.raises(ConfigError, match="vocabulary"):
             engine.submit([Req("v", (5, 10**9), 4)])
-        with pytest.raises(SchedulerMisuse, match="duplicate"):
+        with pytest.raises(BackendMisuse, match="duplicate"):
             engine.submit([Req("d", (5, 6), 4), Req("d", (5, 6), 4)])
-        with pytest.raises(UnknownRequest, match="nope"):
+        with pytest.raises(UnknownRequest, match="nope") as info:
             engine.abort(["nope"])
+        assert isinstance(info.value, BackendMisuse) and not isinstance(info.value, SchedulerMisuse)
         assert engine.poll(0.2) == []  # nothing of the rejected batches ran
     with pytest.raises(ValueError):
         Req("m", (5,), 0)  # max_new_tokens < 1

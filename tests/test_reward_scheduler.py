@@ -20,9 +20,8 @@ from rollpacker.core import (
     ScoreSample,
     StepOptimizer,
     make_policy,
-    request_id,
-    request_number,
 )
+from rollpacker.core.records import request_id, request_number
 from rollpacker.core.reward_scheduler import RewardConfig, RewardScheduler, StartScoring
 
 

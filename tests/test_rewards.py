@@ -13,6 +13,7 @@ import pytest
 
 from rollpacker.backends.rewards.pool import FAILURE_KINDS, ProcessRewardExecutor
 from rollpacker.backends.data.tasks import UnknownTask, make_problems
+from rollpacker.backends.errors import BackendMisuse
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
 from rollpacker.core.protocols import RewardExecutor, RewardJob
 
@@ -114,8 +115,9 @@ def test_bad_jobs_rejected():
         with pytest.raises(ConfigError, match="deadline_s"):
             ex.submit(RewardJob("a", "t", None, "1", 0.0))
         ex.submit(RewardJob("dup", "t", None, "hang", 1.0))
-        with pytest.raises(SchedulerMisuse, match="dup"):
+        with pytest.raises(BackendMisuse, match="dup") as info:
             ex.submit(RewardJob("dup", "t", None, "1", 1.0))
+        assert not isinstance(info.value, SchedulerMisuse)  # the executor's misuse, not the core's
     with ProcessRewardExecutor(num_workers=1) as ex:
         with pytest.raises(UnknownTask, match="chain_sum"):
             ex.submit(RewardJob("x", "no_such_task", {}, "1"))

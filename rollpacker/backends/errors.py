@@ -1,6 +1,7 @@
 """The backend error family: every way a rollout engine, reward executor or trainer fails or
 answers wrongly.  A driver that catches `BackendError` catches every backend failure; the core's
-`ConfigError` and `SchedulerMisuse` (bad input, misuse) stay outside it.
+`ConfigError` and `SchedulerMisuse` (bad input, a driver feeding the core what it cannot take)
+stay outside it.
 
     BackendError                a backend failed or answered wrongly; the message names it
         SGLangError             talking to an SGLang(-compatible) server went wrong
@@ -12,6 +13,8 @@ answers wrongly.  A driver that catches `BackendError` catches every backend fai
         RewardExecutorFailed    the reward executor's dispatcher thread died, or a worker
                                 process could not be started (cause chained)
         InvalidMicroBatch       a trainer refuses a micro-batch (also a `ValueError`)
+        BackendMisuse           a backend called in a way it cannot take: closed, a duplicate or
+                                unknown request id (also a `ValueError`)
 
 Foreign exceptions (aiohttp, JSON decoding, a dead worker thread or process) are translated where
 a backend crosses its I/O boundary, with `raise X(...) from exc` and a message naming the server
@@ -62,8 +65,15 @@ class InvalidMicroBatch(BackendError, ValueError):
     """A micro-batch the trainer refuses; the message names the sample and field."""
 
 
+class BackendMisuse(BackendError, ValueError):
+    """A backend was called in a way it cannot take (it is closed; a request id already running,
+    or never submitted); the message names the id.  The engine's misuse, not the core's:
+    `SchedulerMisuse` is for events the core's state machines refuse."""
+
+
 __all__ = [
     "BackendError",
+    "BackendMisuse",
     "BackendProtocolError",
     "EngineFailed",
     "GraphCaptureFailed",

@@ -14,6 +14,11 @@ The components, one concept per module:
     tp_planner           the rollout tensor-parallel size per round, from the cost model
     scheduler            the planner, the stream batcher and the reward scheduler behind one handle
     metrics              bubble ratio, occupancy, the per-step record
+    states               the states of the state machines above and their one transition table
+
+`__all__` is what a driver, a backend or a new policy uses: the components, their configs, events,
+commands and records.  The planner's own machinery (RoundPlanner, PlannerState, request ids, the TP
+planner's search) stays in its modules.
 """
 
 from .advantages import advantages
@@ -35,7 +40,7 @@ from .errors import ConfigError, RollpackerError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, RewardScored, TokensGenerated
 from .length_history import LengthPrediction
 from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
-from .planner import Policy, RoundPlanner
+from .planner import Policy
 from .policies import (
     Knob,
     POLICIES,
@@ -48,12 +53,11 @@ from .policies import (
     policy_knobs,
 )
 from .prompt_pool import PromptPool
-from .records import PromptKey, Sample, Segment, request_id, request_number
+from .records import PromptKey, Sample, Segment
 from .reward_scheduler import RewardConfig, RewardScheduler, StartScoring
-from .round_state import PlannerState
 from .scheduler import Scheduler
 from .stream_batcher import BatcherConfig, StreamBatcher
-from .tp_planner import TP_MODES, OnlineTP, TpChoice, TpRule, plan_tp
+from .tp_planner import TP_MODES, TpRule
 
 __all__ = [
     # driving the core
@@ -61,16 +65,16 @@ __all__ = [
     "Command", "LaunchRequest", "AbortRequest", "ScoreSample", "CloseGroup", "TrainMicroBatch",
     "TrainSampleRef", "StepOptimizer", "EndRound", "RoundReport",
     # prompts and lengths
-    "PromptPool", "PromptKey", "LengthPrediction", "Sample", "Segment", "request_id", "request_number",
+    "PromptPool", "PromptKey", "LengthPrediction", "Sample", "Segment",
     # round planning and its policies
-    "RoundPlanner", "PlannerState", "Policy", "POLICIES", "make_policy", "policy_knobs", "knob_specs", "Knob",
+    "Policy", "POLICIES", "make_policy", "policy_knobs", "knob_specs", "Knob",
     "SyncPolicy", "TailPolicy", "SortedPolicy", "PartialPolicy",
     # training batches
     "StreamBatcher", "BatcherConfig", "advantages",
     # rewards
     "RewardScheduler", "RewardConfig", "StartScoring",
     # tensor parallelism
-    "TpRule", "TP_MODES", "SetTensorParallel", "plan_tp", "OnlineTP", "TpChoice", "CostModel", "ModelShape", "Hardware",
+    "TpRule", "TP_MODES", "SetTensorParallel", "CostModel", "ModelShape", "Hardware",
     # metrics
     "EpochLedger", "Occupancy", "bubble_ratio", "step_record",
     # errors

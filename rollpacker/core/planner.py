@@ -16,8 +16,14 @@ takes one engine event:
 
 The round ends when it is closing and no request is outstanding: completed groups are trained
 (pool: completed), incomplete ones go where the policy says (deferred, returned, carried) and
-`EndRound` reports the round's accounting.  Aborted work is never trained: a request is in the
-round's tables until its answer arrives, so a late answer is recognised and discarded.
+`EndRound` reports the round's accounting.  A request is in the round's tables until its answer
+arrives, so a late answer is recognised.  A request we aborted is never scored in its round: its
+late finish is wasted, or, by a policy that carries unfinished work, kept unscored in its carried
+group and scored when that group completes (a sample that goes stale first is never scored).
+
+Every state a transition changes (request, group, round) is an enum of states.py and moves only
+through `transition`, which refuses a move its table lacks.  A transition works on a `Draft`, the
+state taken apart into typed mutable fields, frozen back into a `PlannerState` once per event.
 
 Every prompt is trained exactly once per epoch because a key leaves the pool's in-flight set only
 by `complete` (trained), `defer` or `release` (drawn again later), and the planner completes
@@ -29,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from attrs import define, field
 from immutables import Map
 
 from .commands import (
@@ -44,7 +51,8 @@ from .errors import ConfigError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, TokensGenerated
 from .prompt_pool import PromptPool
 from .records import Sample, Segment, replace, request_id, request_number
-from .round_state import Group, PlannerState, RequestRecord, RoundState, Tally, cons_iter
+from .round_state import Cons, Group, PlannerState, RequestRecord, RoundState, Tally, cons_iter
+from .states import GroupState, RequestState, RoundPhase, transition
 
 
 class Policy(Protocol):
@@ -84,35 +92,48 @@ def group_tokens(group: Group) -> int:
     return sum(s.num_tokens for s in group.kept) + sum(segments_tokens(p) for _, p in group.pending)
 
 
-class _Txn:
-    """The mutable working copy of one transition; `freeze` builds the next immutable state."""
+@define
+class Draft:
+    """The mutable working copy of one transition (one event, or a round's opening): the planner's
+    state taken apart into the fields a transition changes; `freeze` builds the next immutable
+    state from it."""
 
-    __slots__ = ("policy", "state", "requests", "round", "groups", "deltas", "queue", "next_request", "commands",
-                 "round_changes")
+    policy: Policy
+    state: PlannerState
+    requests: Map
+    """request number -> RequestRecord of every request still running."""
+    round: RoundState
+    groups: Map
+    """slot -> Group of the round."""
+    queue: tuple[int, ...]
+    next_request: int
+    phase: RoundPhase
+    num_completed: int
+    observations: Cons
+    commands: list[Command] = field(factory=list)
+    launched: int = 0
+    """Tally changes of this transition (added to the round's tally by `freeze`)."""
+    wasted: int = 0
+    retried: int = 0
 
-    def __init__(self, planner: RoundPlanner, state: PlannerState) -> None:
-        self.policy = planner.policy
-        self.state = state
-        self.requests = state.requests
-        self.round = state.round
-        self.groups = state.round.groups
-        self.deltas: dict[str, int] = {}
-        self.queue = state.round.queue
-        self.next_request = state.next_request
-        self.commands: list[Command] = []
-        self.round_changes: dict = {}
+    @classmethod
+    def of(cls, policy: Policy, state: PlannerState) -> Draft:
+        rnd = state.round
+        return cls(policy, state, state.requests, rnd, rnd.groups, rnd.queue, state.next_request, rnd.phase,
+                   rnd.num_completed, rnd.observations)
 
     def freeze(self) -> PlannerState:
         tally = self.round.tally
-        if self.deltas:
-            counts = tally.__dict__
-            tally = replace(tally, **{k: counts[k] + v for k, v in self.deltas.items()})
-        rnd = replace(self.round, groups=self.groups, tally=tally, queue=self.queue, **self.round_changes)
+        if self.launched or self.wasted or self.retried:
+            tally = replace(tally, launched=tally.launched + self.launched, wasted=tally.wasted + self.wasted,
+                            retried=tally.retried + self.retried)
+        rnd = replace(self.round, groups=self.groups, tally=tally, queue=self.queue, phase=self.phase,
+                      num_completed=self.num_completed, observations=self.observations)
         return replace(self.state, requests=self.requests, round=rnd, next_request=self.next_request)
 
-    def count(self, **deltas: int) -> None:
-        for key, value in deltas.items():
-            self.deltas[key] = self.deltas.get(key, 0) + value
+    @property
+    def is_closing(self) -> bool:
+        return self.phase is RoundPhase.CLOSING
 
     # -- launching -------------------------------------------------------------------------------
 
@@ -123,7 +144,7 @@ class _Txn:
         step = self.round.step
         launched = 0
         while self.queue:
-            room = len(self.group_pending(self.queue[0])) if capacity is None else capacity - len(self.requests)
+            room = len(self.groups[self.queue[0]].pending) if capacity is None else capacity - len(self.requests)
             if room <= 0:
                 break
             slot = self.queue[0]
@@ -139,105 +160,106 @@ class _Txn:
             if not rest:
                 self.queue = self.queue[1:]
             launched += len(batch)
-        if launched:
-            self.count(launched=launched)
-
-    def group_pending(self, slot: int) -> tuple:
-        return self.groups[slot].pending
+        self.launched += launched
 
     # -- request outcomes ------------------------------------------------------------------------
 
-    def keep(self, slot: int, group: Group, sample: Sample, running: frozenset[int]) -> Group:
-        """Add a finished sample to its group (with the group's new running set)."""
+    def keep(self, slot: int, group: Group, sample: Sample, running: frozenset[int], score: bool) -> Group:
+        """Add a finished sample to its group (with the group's new running set).  `score` is False
+        for the late finish of a request we aborted: it is kept unscored (the group is carried)."""
         if len(group.kept) >= self.policy.samples:  # a late answer to a group already full
-            self.count(wasted=sample.num_tokens)
+            self.wasted += sample.num_tokens
             return replace(group, running=running)
+        if not score:  # (only while the round closes: the group cannot complete now)
+            return replace(group, kept=group.kept + (sample,), unscored=group.unscored + (sample,), running=running)
         group = replace(group, kept=group.kept + (sample,), running=running)
         self.commands.append(ScoreSample(sample))
-        if len(group.kept) == self.policy.samples and not group.is_complete and not self.is_closing:
+        if len(group.kept) == self.policy.samples and group.state is GroupState.OPEN and not self.is_closing:
             group = self.complete_group(slot, group)  # (a full group found while closing is carried)
         return group
 
-    @property
-    def is_closing(self) -> bool:
-        return self.round_changes.get("closing", self.round.closing)
-
     def complete_group(self, slot: int, group: Group) -> Group:
+        self.commands.extend(ScoreSample(s) for s in group.unscored)
         self.commands.append(CloseGroup(group.prompt, group.kept))
         self.abort_requests(group.running)
-        group = replace(group, is_complete=True, pending=())
+        state = transition(group.state, GroupState.COMPLETE, group.prompt)
+        group = replace(group, state=state, pending=(), unscored=())
         if slot in self.queue:
             self.queue = tuple(s for s in self.queue if s != slot)
-        num_completed = self.round_changes.get("num_completed", self.round.num_completed) + 1
-        self.round_changes["num_completed"] = num_completed
-        if num_completed == self.round.target:
+        self.num_completed += 1
+        if self.num_completed == self.round.target:
             self.close()
-        elif num_completed == self.policy.defer_point(self.round.kind, self.round.target):
-            self.defer_live_groups(slot, self.round.target - num_completed)
+        elif self.num_completed == self.policy.defer_point(self.round.kind, self.round.target):
+            self.defer_live_groups(slot, self.round.target - self.num_completed)
         return group
 
     def defer_live_groups(self, done_slot: int, need: int) -> None:
         """Abort the groups the policy predicts long; they stay incomplete, so the round's end hands
         them to `close_round` like any group still running at the close."""
         live = [(s, g) for s, g in sorted(self.groups.items())
-                if s != done_slot and not g.is_complete and (g.running or g.pending)]
-        log = self.round_changes.get("observations", self.round.observations)
-        clock = max((n for _, n, finished, _ in cons_iter(log) if finished), default=0)
+                if s != done_slot and g.state is GroupState.OPEN and (g.running or g.pending)]
+        clock = max((n for _, n, finished, _ in cons_iter(self.observations) if finished), default=0)
         for slot in self.policy.to_defer(live, need, self.state.pool.history, clock):
             group = self.groups[slot]
             self.abort_requests(group.running)
-            self.groups = self.groups.set(slot, replace(group, pending=()))
+            state = transition(group.state, GroupState.DEFERRED, group.prompt)
+            self.groups = self.groups.set(slot, replace(group, state=state, pending=()))
             self.queue = tuple(s for s in self.queue if s != slot)
 
     def close(self) -> None:
-        self.round_changes["closing"] = True
+        self.phase = transition(self.phase, RoundPhase.CLOSING, f"of step {self.round.step}")
         self.queue = ()
         self.abort_requests(sorted(self.requests.keys()))
 
     def abort_requests(self, numbers: Iterable[int]) -> None:
         for number in numbers:
             record = self.requests[number]
-            if not record.aborting:
-                self.requests = self.requests.set(number, replace(record, aborting=True))
+            if record.state is RequestState.RUNNING:
+                state = transition(record.state, RequestState.ABORTING, number)
+                self.requests = self.requests.set(number, replace(record, state=state))
                 self.commands.append(AbortRequest(request_id(number)))
 
-    def request_ended(self, number: int, record: RequestRecord, num_tokens: int, finished: bool) -> tuple[Group, frozenset[int]]:
-        """Bookkeeping shared by finish and abort: drop the record, log the length; the group and
-        its running set without this request (the caller writes the group back once)."""
+    def request_ended(self, number: int, record: RequestRecord, num_tokens: int, finished: bool,
+                      outcome: RequestState) -> tuple[Group, frozenset[int]]:
+        """Bookkeeping shared by finish and abort: the request's last move, drop the record, log the
+        length; the group and its running set without this request (the caller writes the group
+        back once)."""
+        transition(record.state, outcome, number)
         self.requests = self.requests.delete(number)
         total = segments_tokens(record.resume) + num_tokens if record.resume else num_tokens
-        observation = (record.prompt.index, total, finished, num_tokens)  # tallied at the round's end
-        self.round_changes["observations"] = (
-            observation,
-            self.round_changes.get("observations", self.round.observations),
-        )
+        self.observations = ((record.prompt.index, total, finished, num_tokens), self.observations)
         group = self.groups[record.slot]
         return group, group.running - {number}
 
     def finished(self, number: int, record: RequestRecord, event: RequestFinished) -> None:
-        group, running = self.request_ended(number, record, event.num_tokens, event.finish_reason == "stop")
+        running_before = record.state is RequestState.RUNNING
+        outcome = RequestState.FINISHED if running_before else RequestState.ABORTED
+        group, running = self.request_ended(number, record, event.num_tokens, event.finish_reason == "stop", outcome)
         segment = Segment(event.request_id, event.num_tokens, record.policy_version)
         sample = Sample(event.request_id, record.prompt, record.sample_index, record.resume + (segment,), event.finish_reason)
-        if group.is_complete or (record.aborting and not self.policy.carries):
-            self.count(wasted=sample.num_tokens)
+        if group.is_complete or (not running_before and not self.policy.carries):
+            self.wasted += sample.num_tokens
             group = replace(group, running=running)
         else:
-            group = self.keep(record.slot, group, sample, running)
+            group = self.keep(record.slot, group, sample, running, score=running_before)
         self.groups = self.groups.set(record.slot, group)
 
     def aborted(self, number: int, record: RequestRecord, event: RequestAborted) -> None:
-        group, running = self.request_ended(number, record, event.num_tokens, False)
+        ours = record.state is RequestState.ABORTING
+        outcome = RequestState.ABORTED if ours else RequestState.DROPPED
+        group, running = self.request_ended(number, record, event.num_tokens, False, outcome)
         prefix = record.resume + ((Segment(event.request_id, event.num_tokens, record.policy_version),) if event.num_tokens else ())
-        if not record.aborting:  # the engine dropped it: relaunch the same sample from its old prefix
-            self.count(wasted=event.num_tokens, retried=1)
+        if not ours:  # the engine dropped it: relaunch the same sample from its old prefix
+            self.wasted += event.num_tokens
+            self.retried += 1
             group = replace(group, pending=((record.sample_index, record.resume),) + group.pending, running=running)
             self.queue = (record.slot,) + tuple(s for s in self.queue if s != record.slot)
         elif group.is_complete or not self.policy.carries:
-            self.count(wasted=segments_tokens(prefix))
+            self.wasted += segments_tokens(prefix)
             group = replace(group, running=running)
         elif segments_tokens(prefix) >= self.policy.max_tokens:  # it had reached the cap: finished
             sample = Sample(event.request_id, record.prompt, record.sample_index, prefix, "length")
-            group = self.keep(record.slot, group, sample, running)
+            group = self.keep(record.slot, group, sample, running, score=False)
         else:
             group = replace(group, pending=group.pending + ((record.sample_index, prefix),), running=running)
         self.groups = self.groups.set(record.slot, group)
@@ -273,7 +295,7 @@ class RoundPlanner:
         queue = tuple(slot for slot, g in enumerate(groups) if g.pending)
         tally = Tally(carried_in=carried_in, wasted=wasted)
         rnd = RoundState(kind, state.step, target, groups=table, num_groups=len(groups), queue=queue, tally=tally)
-        txn = _Txn(self, replace(state, round=rnd, carried=()))
+        txn = Draft.of(self.policy, replace(state, round=rnd, carried=()))
         for slot, group in enumerate(groups):  # a carried group may already hold R samples
             if len(group.kept) >= self.policy.samples:
                 txn.groups = txn.groups.set(slot, txn.complete_group(slot, group))
@@ -284,12 +306,13 @@ class RoundPlanner:
         """Carried work older than the staleness bound is dropped; its samples start again."""
         bound = self.policy.max_staleness
         kept = tuple(s for s in group.kept if s.staleness(step) <= bound)
+        unscored = tuple(s for s in group.unscored if s.staleness(step) <= bound)
         restarts = tuple((s.sample_index, ()) for s in group.kept if s.staleness(step) > bound)
         pending = tuple(
             (index, prefix if not prefix or step - min(p.policy_version for p in prefix) <= bound else ())
             for index, prefix in group.pending
         )
-        return replace(group, kept=kept, pending=pending + restarts)
+        return replace(group, kept=kept, unscored=unscored, pending=pending + restarts)
 
     def handle(self, state: PlannerState, event: Event) -> tuple[PlannerState, list[Command]]:
         if not isinstance(event, (RequestFinished, RequestAborted, TokensGenerated)):
@@ -303,7 +326,7 @@ class RoundPlanner:
             )
         if isinstance(event, TokensGenerated):
             return state, []
-        txn = _Txn(self, state)
+        txn = Draft.of(self.policy, state)
         if isinstance(event, RequestFinished):
             txn.finished(number, record, event)
         else:
@@ -312,14 +335,15 @@ class RoundPlanner:
             txn.launch_pending()
         return self._maybe_end(txn)
 
-    def _maybe_end(self, txn: _Txn) -> tuple[PlannerState, list[Command]]:
+    def _maybe_end(self, txn: Draft) -> tuple[PlannerState, list[Command]]:
         state = txn.freeze()
-        if not (state.round.closing and len(state.requests) == 0):
+        if not (txn.is_closing and len(state.requests) == 0):
             return state, txn.commands
         return self._end_round(state, txn.commands)
 
     def _end_round(self, state: PlannerState, commands: list[Command]) -> tuple[PlannerState, list[Command]]:
         rnd = state.round
+        transition(rnd.phase, RoundPhase.ENDED, f"of step {rnd.step}")
         groups = [rnd.groups[slot] for slot in range(rnd.num_groups)]
         trained = [g for g in groups if g.is_complete]
         incomplete = [g for g in groups if not g.is_complete]

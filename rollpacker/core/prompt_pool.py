@@ -38,9 +38,10 @@ from attrs import field, frozen
 from .errors import ConfigError, SchedulerMisuse
 from .length_history import LengthHistory, LengthPrediction
 from .records import PromptKey
+from .states import PromptStatus, transition
 from .validators import positive
 
-FRESH, IN_FLIGHT, DEFERRED, COMPLETED = "fresh", "in_flight", "deferred", "completed"
+FRESH, IN_FLIGHT, DEFERRED, COMPLETED = PromptStatus
 
 @functools.lru_cache(maxsize=8)
 def epoch_order(num_prompts: int, seed: int, epoch: int) -> np.ndarray:
@@ -80,7 +81,7 @@ class PromptPool:
 
     # -- queries ---------------------------------------------------------------------------------
 
-    def status(self, key: PromptKey) -> str:
+    def status(self, key: PromptKey) -> PromptStatus:
         if key in self.in_flight:
             return IN_FLIGHT
         if key in self.deferred:
@@ -122,14 +123,14 @@ class PromptPool:
 
     def defer(self, keys: Iterable[PromptKey]) -> PromptPool:
         keys = tuple(keys)
-        return attrs.evolve(self, deferred=self.deferred + keys, in_flight=self._leave(keys, "defer"))
+        return attrs.evolve(self, deferred=self.deferred + keys, in_flight=self._leave(keys, DEFERRED))
 
     def release(self, keys: Iterable[PromptKey]) -> PromptPool:
         keys = tuple(keys)
-        return attrs.evolve(self, returned=keys + self.returned, in_flight=self._leave(keys, "release"))
+        return attrs.evolve(self, returned=keys + self.returned, in_flight=self._leave(keys, FRESH))
 
     def complete(self, keys: Iterable[PromptKey]) -> PromptPool:
-        return attrs.evolve(self, in_flight=self._leave(tuple(keys), "complete"))
+        return attrs.evolve(self, in_flight=self._leave(tuple(keys), COMPLETED))
 
     def recover(self) -> PromptPool:
         """After a restart: the engine lost every in-flight request, so draw those prompts again."""
@@ -143,11 +144,14 @@ class PromptPool:
             return self
         return attrs.evolve(self, history=self.history.record(indices, lengths, finished))
 
-    def _leave(self, keys: tuple[PromptKey, ...], verb: str) -> frozenset[PromptKey]:
+    def _leave(self, keys: tuple[PromptKey, ...], to: PromptStatus) -> frozenset[PromptKey]:
+        """The in-flight set without `keys`, each moving to `to`; a key not in flight is refused by
+        the transition table (states.py), a key named twice here too."""
         missing = [k for k in keys if k not in self.in_flight]
-        if missing or len(set(keys)) != len(keys):
-            bad = missing[0] if missing else keys
-            raise SchedulerMisuse(f"can't {verb} {bad}: not in flight (state={self.status(bad) if missing else 'duplicate'})")
+        if missing:
+            transition(self.status(missing[0]), to, missing[0])  # raises: the move starts elsewhere
+        if len(set(keys)) != len(keys):
+            raise SchedulerMisuse(f"prompt keys {keys} name a key twice: each moves to {to.name} once")
         return self.in_flight.difference(keys)
 
     # -- checkpoints -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from immutables import Map
 
 from .prompt_pool import PromptPool
 from .records import PromptKey, Sample, Segment, state
+from .states import GroupState, RequestState, RoundPhase
 
 SHORT, LONG, NORMAL = "short", "long", "normal"
 
@@ -39,15 +40,17 @@ class RequestRecord:
     sample_index: int
     resume: tuple[Segment, ...]
     policy_version: int
-    aborting: bool = False
-    """We sent AbortRequest; its answer (finished or aborted) is not kept."""
+    state: RequestState = RequestState.RUNNING
+    """RUNNING or ABORTING (we sent AbortRequest: its answer is never scored); the record goes
+    when the request ends (states.py)."""
 
 
 @state
 class Group:
     """A prompt's group of samples within a round.
 
-    Invariant: len(kept) <= samples; a request number is in `running` iff its record is live.
+    Invariant: len(kept) <= samples; a request number is in `running` iff its record is live;
+    `unscored` is a subsequence of `kept`.
     """
 
     prompt: PromptKey
@@ -57,7 +60,15 @@ class Group:
     """Samples waiting to launch: (sample_index, resume prefix)."""
     next_index: int = 0
     """Next fresh sample index."""
-    is_complete: bool = False
+    state: GroupState = GroupState.OPEN
+    unscored: tuple[Sample, ...] = ()
+    """Kept samples not yet scored: late finishes of requests we aborted, carried by a policy that
+    carries unfinished work.  They are scored when the group completes, so a sample that goes
+    stale first is never scored."""
+
+    @property
+    def is_complete(self) -> bool:
+        return self.state is GroupState.COMPLETE
 
 
 @state
@@ -90,7 +101,7 @@ class RoundState:
     num_completed: int = 0
     queue: tuple[int, ...] = ()
     """Slots with pending launches, in launch order (used when the planner limits concurrency)."""
-    closing: bool = False
+    phase: RoundPhase = RoundPhase.OPEN
     tally: Tally = field(factory=Tally)
     observations: Cons = None
     """(dataset index, length with prefix, finished, tokens generated) of every request that ended:

@@ -38,11 +38,12 @@ from .commands import (
 )
 from .errors import SchedulerMisuse
 from .events import Event, RewardScored
-from .records import PromptKey, Sample, replace, request_number, state
+from .records import PromptKey, Sample, replace, request_id as request_id_of, request_number, state
+from .states import RewardStatus, transition
 from .validators import positive
 
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
-AWAITING, DISCARDED = "awaiting", "discarded"
+AWAITING, SCORED, DISCARDED, DROPPED = RewardStatus
 
 
 @frozen(kw_only=True)
@@ -59,8 +60,11 @@ class BatcherConfig:
 @state
 class BatcherState:
     step: int = 0
+    status: Map = field(factory=Map)
+    """request number -> RewardStatus of every kept sample: AWAITING, SCORED, or DISCARDED (its
+    group was not trained; its late reward is dropped)."""
     rewards: Map = field(factory=Map)
-    """request number -> reward (float), AWAITING, or DISCARDED (late reward of a dropped sample)."""
+    """request number -> reward, for every SCORED sample."""
     waiting: Map = field(factory=Map)
     """request number -> a completed group still missing that reward: (prompt, samples, index of
     the first sample not yet checked)."""
@@ -86,9 +90,9 @@ class StreamBatcher:
         """Feed planner commands (ScoreSample, CloseGroup, EndRound) and RewardScored events."""
         if isinstance(item, ScoreSample):
             number = item.sample.number
-            if number in state.rewards:
+            if number in state.status:
                 raise SchedulerMisuse(f"sample {item.sample.request_id} was kept twice")
-            return replace(state, rewards=state.rewards.set(number, AWAITING)), []
+            return replace(state, status=state.status.set(number, AWAITING)), []
         if isinstance(item, RewardScored):
             return self._reward(state, item)
         if isinstance(item, CloseGroup):
@@ -99,17 +103,17 @@ class StreamBatcher:
 
     def _reward(self, state: BatcherState, event: RewardScored) -> tuple[BatcherState, list[Command]]:
         number = request_number(event.request_id)
-        status = state.rewards.get(number)
-        if status is None or not isinstance(status, str):
-            what = "was never kept for training" if status is None else "already has a reward"
-            raise SchedulerMisuse(f"can't handle RewardScored: request={event.request_id} {what}")
-        if status == DISCARDED:
-            return replace(state, rewards=state.rewards.delete(number)), []
-        rewards = state.rewards.set(number, float(event.reward))
+        status = state.status.get(number)
+        if status is None:
+            raise SchedulerMisuse(f"can't handle RewardScored: request={event.request_id} was never kept for training")
+        if transition(status, DROPPED if status is DISCARDED else SCORED, event.request_id) is DROPPED:
+            return replace(state, status=state.status.delete(number)), []
+        status_map, rewards = state.status.set(number, SCORED), state.rewards.set(number, float(event.reward))
         parked = state.waiting.get(number)
         if parked is None:
-            return replace(state, rewards=rewards), []
-        return self._group(replace(state, rewards=rewards, waiting=state.waiting.delete(number)), *parked)
+            return replace(state, status=status_map, rewards=rewards), []
+        state = replace(state, status=status_map, rewards=rewards, waiting=state.waiting.delete(number))
+        return self._group(state, *parked)
 
     def _group(self, state: BatcherState, prompt: PromptKey, samples: tuple[Sample, ...],
                checked: int = 0) -> tuple[BatcherState, list[Command]]:
@@ -117,7 +121,7 @@ class StreamBatcher:
         Rewards of samples[:checked] were in when it was parked (a reward never goes missing)."""
         for i in range(checked, len(samples)):
             number = samples[i].number
-            if state.rewards[number] == AWAITING:  # re-checked from i + 1 when this one arrives
+            if state.status[number] is AWAITING:  # re-checked from i + 1 when this one arrives
                 return replace(state, waiting=state.waiting.set(number, (prompt, samples, i + 1))), []
         rewards = [state.rewards[s.number] for s in samples]
         # (their rewards stay in the map until the step ends: one sweep then, not a removal each)
@@ -171,10 +175,12 @@ class StreamBatcher:
             StepOptimizer(state.step, state.normalizer, state.samples, state.tokens, index, state.dropped)
         )
         carried = {request_number(r) for r in ended.carried_requests}
-        rewards = Map()  # carried samples keep their reward; pending ones of dropped groups are moot
-        for number, status in state.rewards.items():
+        status, rewards = Map(), Map()  # carried samples keep their reward; pending ones of dropped groups are moot
+        for number, current in state.status.items():
             if number in carried:
-                rewards = rewards.set(number, status)
-            elif status == AWAITING:
-                rewards = rewards.set(number, DISCARDED)
-        return BatcherState(step=ended.step + 1, rewards=rewards), commands
+                status = status.set(number, current)
+                if current is SCORED:
+                    rewards = rewards.set(number, state.rewards[number])
+            elif current is AWAITING:
+                status = status.set(number, transition(current, DISCARDED, request_id_of(number)))
+        return BatcherState(step=ended.step + 1, status=status, rewards=rewards), commands

@@ -41,12 +41,12 @@ from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.embedded.speculation import SPEC_MAX_ROWS_CUDA, SpeculationStats, Speculator
 from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
-from rollpacker.backends.errors import EngineFailed
-from rollpacker.core.errors import ConfigError, SchedulerMisuse
+from rollpacker.backends.errors import BackendMisuse, EngineFailed
+from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 
 
-class UnknownRequest(SchedulerMisuse):
+class UnknownRequest(BackendMisuse):
     """abort() named a request id this engine never received."""
 
 
@@ -263,7 +263,7 @@ class EmbeddedEngine:
 
     def _check_open(self) -> None:
         if self._is_closed:
-            raise SchedulerMisuse("the engine is closed")
+            raise BackendMisuse("the engine is closed")
         if self._failure is not None:
             raise EngineFailed("the embedded engine's decode loop failed") from self._failure
 
@@ -274,7 +274,7 @@ class EmbeddedEngine:
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"request_id must be a non-empty string, got {rid!r}")
         if rid in self._live_ids or rid in batch_ids:
-            raise SchedulerMisuse(f"request {rid!r}: this id is already running (duplicate request_id)")
+            raise BackendMisuse(f"request {rid!r}: this id is already running (duplicate request_id)")
         prompt = list(r.prompt_ids) + list(r.resume_ids)
         if not r.prompt_ids:
             raise ConfigError(f"request {rid!r}: prompt_ids is empty")

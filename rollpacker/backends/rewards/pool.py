@@ -48,9 +48,9 @@ from typing import Any
 from attrs import define, field, frozen
 
 from rollpacker.backends._drain import drain
-from rollpacker.backends.errors import RewardExecutorFailed
+from rollpacker.backends.errors import BackendMisuse, RewardExecutorFailed
 from rollpacker.backends.rewards.functions import split_result
-from rollpacker.core.errors import ConfigError, SchedulerMisuse
+from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob, RewardOutcome
 
 Scorer = Callable[[str, Any, str], Any]
@@ -234,9 +234,9 @@ class ProcessRewardExecutor:
         self._check_dispatcher()
         with self._lock:
             if self._is_closed:
-                raise SchedulerMisuse("the reward executor is closed")
+                raise BackendMisuse("the reward executor is closed")
             if job.request_id in self._in_flight:
-                raise SchedulerMisuse(f"reward job {job.request_id!r} is already in flight (duplicate request_id)")
+                raise BackendMisuse(f"reward job {job.request_id!r} is already in flight (duplicate request_id)")
             self._in_flight.add(job.request_id)
             self._pending.append((job, time.monotonic()))
         self._wake_w.send_bytes(b"j")

@@ -47,11 +47,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollpacker.backends.errors import SGLangError
+from rollpacker.backends.errors import BackendMisuse, SGLangError
 from rollpacker.backends.sglang.http import HttpConfig, ServerClient
 from rollpacker.backends.sglang.inflight import InflightRequests
 from rollpacker.backends.sglang.pool import ServerPool
-from rollpacker.core.errors import ConfigError, SchedulerMisuse
+from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class SGLangEngine:
                 if not r.prompt_ids:
                     raise ConfigError(f"request {r.request_id!r}: prompt_ids is empty")
                 if r.request_id in self._live_ids or r.request_id in batch:
-                    raise SchedulerMisuse(f"request {r.request_id!r}: this id is already running")
+                    raise BackendMisuse(f"request {r.request_id!r}: this id is already running")
                 batch.add(r.request_id)
             self._live_ids |= batch
             self._seen_ids |= batch
@@ -199,7 +199,7 @@ class SGLangEngine:
         self._check_open()
         unknown = [r for r in request_ids if r not in self._seen_ids]
         if unknown:
-            raise SchedulerMisuse(f"abort: unknown request id(s) {unknown[:5]!r}")
+            raise BackendMisuse(f"abort: unknown request id(s) {unknown[:5]!r}")
         self._pool.loop.call_soon_threadsafe(self._requests.abort, list(request_ids))
 
     def pause(self) -> None:
@@ -245,7 +245,7 @@ class SGLangEngine:
         self._check_open()
         with self._lock:
             if self._live_ids:
-                raise SchedulerMisuse(f"flush_cache: {len(self._live_ids)} request(s) still in flight")
+                raise BackendMisuse(f"flush_cache: {len(self._live_ids)} request(s) still in flight")
         self._pool.on_live_servers(lambda c: c.flush_cache(), "flushing the cache")
 
     def close(self) -> None:
@@ -274,7 +274,7 @@ class SGLangEngine:
 
     def _check_open(self) -> None:
         if self._is_closed:
-            raise SchedulerMisuse("the SGLang engine is closed")
+            raise BackendMisuse("the SGLang engine is closed")
 
     def _raise_fatal(self) -> None:
         error = self._pool.pop_fatal()

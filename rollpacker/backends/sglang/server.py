@@ -235,7 +235,7 @@ class EngineServer:
             if gen.request_id in self._waiters:
                 raise _BadRequest(f"rid {gen.request_id!r} is already running")
             self.engine.submit([gen])
-        except ValueError as exc:  # _BadRequest, JSON errors, the engine's ConfigError/SchedulerMisuse
+        except ValueError as exc:  # _BadRequest, JSON errors, the engine's ConfigError/BackendMisuse
             return _error(str(exc))
         queue: asyncio.Queue = asyncio.Queue()
         self._waiters[gen.request_id] = queue
