@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -121,8 +122,15 @@ def test_two_trainer_ranks_under_torchrun_rank0_sends_and_the_other_drains(serve
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(SCRIPT),
            "--model", model, "--out", str(out), "--bucket-bytes", str(BUCKET), "--urls", *servers.urls]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=360)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own group: a hang kills the ranks too, not torchrun alone
+    try:
+        output, _ = proc.communicate(timeout=360)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"the ranks did not finish in 360 s:\n{output[-6000:]}") from None
+    assert proc.returncode == 0, output[-6000:]
     r = json.loads(out.read_text())
     with SGLangEngine(servers.urls, expected_model=model) as engine:
         after = greedy_per_server(engine, 300)

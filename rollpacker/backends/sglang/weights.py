@@ -99,13 +99,15 @@ def buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iter
 def join_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
                backend: str, timeout_s: float):
     """Join a process group outside the default one, as SGLang's workers build theirs for weight
-    updates (a TCP rendezvous at the master, a prefix store named after the group); both the trainer
-    (rank 0) and `rollpacker serve` use it."""
+    updates (a TCP store served by rank 0 at the master address, prefixed with the group's name);
+    both the trainer (rank 0) and `rollpacker serve` use it.  The store is made directly, not by
+    `dist.rendezvous("tcp://...")`: under torchrun that would look for the elastic agent's store
+    instead of serving one, and every member would wait for a server that never starts."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _new_process_group_helper, _world
 
     timeout = timedelta(seconds=timeout_s)
-    store, _, _ = next(dist.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout))
+    store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout, multi_tenant=True)
     store = dist.PrefixStore(group_name, store)
     group = _new_process_group_helper(world_size, rank, [], backend, store, group_name=group_name, timeout=timeout)
     group = group[0] if isinstance(group, tuple) else group
