@@ -41,6 +41,8 @@ from typing import Any
 
 from attrs import frozen
 
+from rollpacker.backends.errors import ServerUnavailable
+
 _CONFIG_FILES = ("config.json", "generation_config.json")
 DEFAULT_BUCKET_BYTES = 512 * 2**20
 
@@ -208,8 +210,8 @@ class DistributedWeightSync:
             if self.group is None:
                 self.connect()
             if self.engine.live_urls() != self.urls:
-                raise RuntimeError(f"the servers changed since the weight group was made: {self.urls} -> "
-                                   f"{self.engine.live_urls()}; restart the run (a group cannot lose a rank)")
+                raise ServerUnavailable(f"the servers changed since the weight group was made: {self.urls} -> "
+                                        f"{self.engine.live_urls()}; restart the run (a group cannot lose a rank)")
             for bucket in buckets(self._prepared(iterator), self.bucket_bytes):
                 self._send(bucket, version)
                 num_buckets += 1
