@@ -188,3 +188,18 @@ def test_buckets_read_the_tensors_lazily():
     stream = buckets(gathered(), 80)  # two tensors per bucket
     assert [name for name, _ in next(stream)] == ["t0", "t1"]
     assert seen == [0, 1, 2]  # the third tensor closed the first bucket; nothing further was gathered
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_named_weights_stay_on_the_gpu_and_the_sync_casts_there(model):
+    """NCCL broadcasts CUDA tensors only: the trainer's gathers stay on its device, and the cast to
+    the servers' dtype happens there (no CPU copy of the model)."""
+    from rollpacker.backends.sglang.weights import DistributedWeightSync
+    from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
+
+    trainer = TorchTrainer(TorchTrainerConfig(model_dir=model, device="cuda", dtype="float32"))
+    sync = DistributedWeightSync(None, master_address="127.0.0.1", master_port=1, dtype=torch.bfloat16)
+    sent = list(sync._prepared(trainer.named_weights()))
+    assert sent and all(t.is_cuda and t.dtype == torch.bfloat16 and t.is_contiguous() for _, t in sent)
+    assert {n for n, _ in sent} == set(trainer.export_weights())
