@@ -110,6 +110,8 @@ def test_kill_mid_run_then_resume_trains_every_prompt_once(tiny_model, tmp_path)
         (["--prompts", "0"], "--prompts must be >= 1"),
         (["--policy", "tail", "--tail.eta-prompts", "0.5"], "eta_prompts"),
         (["--rollout", "sglang"], "--sglang-urls"),
+        (["--rollout", "sglang", "--sglang-urls", "http://10.9.9.9:30000"], "--weight-sync nccl"),
+        (["--weight-sync", "disk"], "--weight-sync"),
         (["--compare", "tail"], "two or more policies"),
     ],
 )
@@ -177,15 +179,26 @@ def test_nproc_2_trains_with_an_fsdp2_trainer_under_torchrun(tiny_model, tmp_pat
 
 
 @pytest.mark.timeout(300)
-def test_rollout_sglang_trains_against_a_served_engine(tiny_model, tmp_path):
-    """--rollout sglang: the same run with rollout on a `rollpacker serve` server (SGLang's API)."""
+@pytest.mark.parametrize("weight_sync", [None, "nccl"])
+def test_rollout_sglang_trains_against_a_served_engine(tiny_model, tmp_path, weight_sync):
+    """--rollout sglang: the same run with rollout on a `rollpacker serve` server (SGLang's API); the
+    weights reach it from disk (default) or in buckets over the distributed path (gloo here)."""
+    import urllib.request
+
     from rollpacker.backends.sglang.launch import launch_servers
 
     out = tmp_path / "run"
+    sync = ["--weight-sync", weight_sync, "--weight-sync-bucket-mb", "1"] if weight_sync else []
     with launch_servers(str(tiny_model), num_servers=1, kind="rollpacker", timeout_s=90) as group:
-        run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 2,
-                  "--rollout", "sglang", "--sglang-urls", group.urls[0])
+        proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 2,
+                         "--rollout", "sglang", "--sglang-urls", group.urls[0], *sync)
+        with urllib.request.urlopen(group.urls[0] + "/get_model_info", timeout=30) as resp:
+            assert json.loads(resp.read())["weight_version"] == "2"  # synced after each of the 2 steps
     rs = records(out)
     assert [r["step"] for r in rs] == [0, 1]
     trained = [k for r in rs for k in r["trained"]]
     assert len(trained) == len(set(trained)) == 4
+    if weight_sync == "nccl":  # the whole model (12.9 MB) in 1 MB buckets, every step
+        assert all(r["weight_sync_buckets"] > 1 and r["weight_sync_mb"] > 12 for r in rs)
+    else:
+        assert not any("weight_sync_mb" in r for r in rs)

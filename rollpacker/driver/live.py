@@ -55,10 +55,15 @@ from .step_log import Interval, StepLog
 
 
 def sync_weights(engine: RolloutEngine, trainer: Trainer, version: int) -> None:
-    """Give the trainer's weights to the engine as policy `version`: pause, update, resume (even on error)."""
+    """Give the trainer's weights to the engine as policy `version`: pause, update, resume (even on error).
+    An engine that takes them from the trainer itself (SGLang servers: gathered per parameter, sent
+    in buckets or written to disk) does so; others get `export_weights()`."""
     engine.pause()
     try:
-        engine.update_weights(trainer.export_weights(), version=version)
+        if hasattr(engine, "update_weights_from_trainer"):
+            engine.update_weights_from_trainer(trainer, version)
+        else:
+            engine.update_weights(trainer.export_weights(), version=version)
     finally:
         engine.resume()
 

@@ -97,6 +97,15 @@ class RunConfig:
     """Rollout backend: the embedded engine in this process, or SGLang servers (--sglang-urls)."""
     sglang_urls: tuple[str, ...] = ()
     """URLs of running SGLang (or `rollpacker serve`) servers, for --rollout sglang."""
+    weight_sync: str | None = None
+    """--rollout sglang: how each step's weights reach the servers.  nccl: broadcast from trainer rank 0
+    in buckets over SGLang's /update_weights_from_distributed (gloo when the trainer is on CPU, which
+    only rollpacker serve accepts); disk:DIR: safetensors written under DIR, a directory every server
+    can read (a shared filesystem across nodes), then /update_weights_from_disk.  Default: disk through
+    a temporary folder on this machine, refused when a server is on another host."""
+    weight_sync_bucket_mb: int = 512
+    """--weight-sync nccl: most megabytes per bucket (one /update_weights_from_distributed call; the
+    trainer holds one bucket on its device beyond its shard, each server one beyond its weights)."""
     engine_capacity: int = 32
     """Embedded engine: most sequences decoded at once."""
     spec_max_rows: int | None = None
@@ -179,6 +188,7 @@ class RunConfig:
                               f"{self.spec_max_rows} and {self.spec_tokens}")
         if self.rollout == "sglang" and not self.sglang_urls:
             raise ConfigError("--rollout sglang needs --sglang-urls URL [URL ...]")
+        self._check_weight_sync()
         self._check_sampling_and_times()
         self.device = resolve_device(self.device)
         for url in self.sglang_urls:
@@ -189,6 +199,29 @@ class RunConfig:
         self._check_trainer()
         self._check_context()
         self._check_data()
+
+    def _check_weight_sync(self) -> None:
+        """--weight-sync is nccl or disk:DIR, for --rollout sglang; unset only with servers on this machine."""
+        if self.weight_sync_bucket_mb < 1:
+            raise ConfigError(f"--weight-sync-bucket-mb must be >= 1, got {self.weight_sync_bucket_mb}")
+        mode = self.weight_sync
+        if mode is not None and self.rollout != "sglang":
+            raise ConfigError(f"--weight-sync {mode} is for --rollout sglang (the embedded engine shares the "
+                              f"trainer's process)")
+        if mode is not None and mode != "nccl" and not (mode.startswith("disk:") and mode[len("disk:"):]):
+            raise ConfigError(f"--weight-sync must be nccl or disk:DIR (a directory every server can read), "
+                              f"got {mode!r}")
+        remote = [u for u in self.sglang_urls if not _is_this_machine(u)]
+        if mode is None and remote:
+            raise ConfigError(f"--sglang-urls {remote[0]} is not on this machine, so it cannot read weights "
+                              f"from a temporary folder here: pass --weight-sync nccl, or --weight-sync disk:DIR "
+                              f"with a directory every server can read")
+
+    @property
+    def weights_dir(self) -> str | None:
+        """The directory of --weight-sync disk:DIR (None otherwise)."""
+        mode = self.weight_sync or ""
+        return mode[len("disk:"):] if mode.startswith("disk:") else None
 
     def reward_name(self) -> str:
         """--reward, or its default for the data source."""
@@ -306,6 +339,15 @@ def resolve_device(device: str) -> str:
     if device == "cuda":
         raise ConfigError("--device cuda but torch sees no CUDA GPU (torch " + torch.__version__ + "); use --device cpu")
     return "cpu"
+
+
+def _is_this_machine(url: str) -> bool:
+    """A loopback address or this host's own name (no DNS lookup: validation must not hang)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "::1", socket.gethostname().lower()) or host.startswith("127.")
 
 
 def _check_url(url: str) -> None:

@@ -1,8 +1,10 @@
 """Several trainer processes under torchrun: rank 0 drives, the others follow.
 
 Rank 0 runs the scheduler, the rollout engine and the reward workers; every trainer call it makes
-(forward_backward, optimizer_step, export_weights, save, load) is first broadcast to the follower
-ranks, so all ranks enter TorchTitan's collectives together with the same arguments.
+(forward_backward, optimizer_step, export_weights, named_weights, save, load) is first broadcast to
+the follower ranks, so all ranks enter TorchTitan's collectives together with the same arguments.
+`named_weights` is a generator of per-parameter gathers: rank 0 consumes it (sending each tensor to
+the servers), the followers run it to the end keeping nothing, then wait for the next command.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 _STOP = "stop"
+_DRAINED = ("named_weights",)  # generators: a follower runs their gathers to the end, keeping nothing
 
 
 def _broadcast(message: Any) -> Any:
@@ -39,6 +42,10 @@ class LeaderTrainer:
     def export_weights(self):
         return self._call("export_weights")
 
+    def named_weights(self):
+        """Rank 0's generator; the caller must run it to the end (the followers run theirs)."""
+        return self._call("named_weights")
+
     def save(self, path):
         return self._call("save", path)
 
@@ -55,4 +62,7 @@ def follow(trainer) -> None:
         name, args = _broadcast(None)
         if name == _STOP:
             return
-        getattr(trainer, name)(*args)
+        result = getattr(trainer, name)(*args)
+        if name in _DRAINED:
+            for _ in result:
+                pass

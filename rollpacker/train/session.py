@@ -129,7 +129,15 @@ class Session:
         if self.config.rollout == "sglang":
             from rollpacker.backends.sglang.client import SGLangEngine
 
-            return SGLangEngine(list(self.config.sglang_urls), model_config_dir=self.model_dir)
+            engine = SGLangEngine(list(self.config.sglang_urls), model_config_dir=self.model_dir,
+                                  weights_dir=self.config.weights_dir)
+            if self.config.weight_sync == "nccl":
+                import torch
+
+                engine.use_distributed_sync(backend="nccl" if self.device == "cuda" else "gloo",
+                                            bucket_bytes=self.config.weight_sync_bucket_mb * 2**20,
+                                            dtype=getattr(torch, self.config.dtype))
+            return engine
         from rollpacker.backends.embedded.engine import EmbeddedEngine
 
         return EmbeddedEngine(model, seed=self.config.seed, device=self.device,
@@ -162,6 +170,10 @@ class Session:
         record = self.loop.run_step()
         record["device"] = self.device
         record["reward_timeout_s"] = self.scheduler.reward_timeout  # adaptive, <= --reward-deadline-s
+        sync = getattr(self.engine, "last_sync", None)  # --weight-sync nccl: this step's broadcast
+        if sync is not None:
+            record.update(weight_sync_mb=round(sync.num_bytes / 1e6, 3), weight_sync_buckets=sync.num_buckets,
+                          weight_sync_s_per_gb=round(sync.s_per_gb, 3))
         if self.device == "cuda":  # the measured peak, beside the memory plan's estimate
             import torch
 

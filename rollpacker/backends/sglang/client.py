@@ -28,15 +28,18 @@ Failures
       `BackendError`s; no aiohttp or JSON error reaches the caller raw.
     - Control calls are retried a bounded number of times; `poll(timeout)` never waits past timeout.
 
-Weight updates: pause (mode "retract" by default) -> /update_weights_from_disk on every server ->
-continue.  A mapping of tensors is first written as a safetensors directory (under `weights_dir`,
-which must be visible to every server: a shared filesystem across nodes).  The NCCL fast path is in
-`weights.DistributedWeightSync`.
+Weight updates: pause (mode "retract" by default) -> the new weights -> continue.  From disk
+(`update_weights`): a mapping of tensors is first written as a safetensors directory (under
+`weights_dir`, which must be visible to every server: a shared filesystem across nodes), then
+/update_weights_from_disk on every server.  From a trainer (`update_weights_from_trainer`): after
+`use_distributed_sync`, its `named_weights()` broadcast in buckets over SGLang's distributed path
+(`weights.DistributedWeightSync`); otherwise written to disk as above.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import queue
@@ -98,6 +101,9 @@ class SGLangEngine:
         self.weights_dir = None if weights_dir is None else Path(weights_dir)
         self.model_config_dir = None if model_config_dir is None else Path(model_config_dir)
         self._version = weight_version
+        self._distributed = None  # a weights.DistributedWeightSync after use_distributed_sync
+        self.last_sync = None
+        """The last distributed sync's SyncStats (tensors, bytes, buckets, seconds)."""
         self._lock = threading.Lock()
         self._live_ids: set[str] = set()  # guarded by _lock: submitted, result not yet queued
         self._seen_ids: set[str] = set()
@@ -225,20 +231,56 @@ class SGLangEngine:
             from rollpacker.backends.sglang.weights import write_safetensors_dir
 
             written = path = str(write_safetensors_dir(weights, self.weights_dir, self.model_config_dir))
-        was_paused = self._is_paused
         try:
-            if not was_paused:
-                self.pause()
-            try:
+            with self._paused():
                 self._pool.on_live_servers(lambda c: c.update_weights_from_disk(path, version), "updating weights",
-                                      timeout=self.http.weights_timeout_s + 5)
+                                           timeout=self.http.weights_timeout_s + 5)
                 self._version = int(version)
-            finally:
-                if not was_paused:
-                    self.resume()
         finally:
             if written is not None and self.weights_dir is None:
                 shutil.rmtree(written, ignore_errors=True)
+
+    def use_distributed_sync(self, *, backend: str, bucket_bytes: int, dtype: Any = None,
+                             master_address: str | None = None, master_port: int | None = None,
+                             group_name: str = "rollpacker_weight_sync") -> None:
+        """Send `update_weights_from_trainer`'s weights over SGLang's distributed path from now on
+        (the group is made at the first sync).  The master address defaults to this machine's address
+        as the first server reaches it, the port to a free one there."""
+        from rollpacker.backends.sglang.launch import free_port
+        from rollpacker.backends.sglang.weights import DistributedWeightSync, local_address
+
+        address = master_address or local_address(self.urls[0])
+        self._distributed = DistributedWeightSync(
+            self, master_address=address, master_port=master_port or free_port(address), backend=backend,
+            bucket_bytes=bucket_bytes, dtype=dtype, group_name=group_name,
+            timeout_s=self.http.weights_timeout_s)
+
+    def update_weights_from_trainer(self, trainer, version: int):
+        """The trainer's weights as policy `version`: broadcast in buckets after `use_distributed_sync`
+        (returns its `SyncStats`), else gathered on this rank and loaded from disk (returns None).
+        Reads `trainer.named_weights()` to its end either way (other trainer ranks gather with it)."""
+        self._check_open()
+        if self._distributed is None:
+            return self.update_weights({name: t.cpu() for name, t in trainer.named_weights()}, version)
+        with self._paused():
+            stats = self._distributed.push(trainer.named_weights(), version)
+            self._version = int(version)
+        log.info("weights v%d: %d tensors, %.1f MB in %d buckets, %.2f s (%.2f s/GB)", version, stats.num_tensors,
+                 stats.num_bytes / 1e6, stats.num_buckets, stats.seconds, stats.s_per_gb)
+        self.last_sync = stats
+        return stats
+
+    @contextlib.contextmanager
+    def _paused(self):
+        """Generation paused around the block, unless the caller paused already."""
+        was_paused = self._is_paused
+        if not was_paused:
+            self.pause()
+        try:
+            yield
+        finally:
+            if not was_paused:
+                self.resume()
 
     def flush_cache(self) -> None:
         """/flush_cache on every live server; only when nothing is in flight (SGLang refuses then)."""

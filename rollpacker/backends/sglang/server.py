@@ -5,7 +5,9 @@
 Endpoints (shapes as SGLang's, see `codec`): GET /health, /health_generate, /get_model_info,
 /get_server_info; POST /generate (stream or not), /abort_request {rid, abort_all},
 /pause_generation {mode}, /continue_generation, /update_weights_from_disk {model_path,
-weight_version}, /flush_cache.  Input is token ids only (`input_ids`): this server does no
+weight_version}, /init_weights_update_group and /update_weights_from_distributed (the engine joins
+the trainer's group with torch.distributed, gloo on CPU, and receives each bucket by broadcast; see
+`weights`), /flush_cache.  Input is token ids only (`input_ids`): this server does no
 tokenization.  With the model's tokenizer it decodes each response into `text` (the final chunk
 holds all of it) and honours `stop` strings.  Sampling params: `HONOURED_PARAMS`; SGLang's others
 only at the value that turns them off; anything else is a 400 naming the field, never ignored.
@@ -154,6 +156,8 @@ class EngineServer:
             web.post("/pause_generation", self.pause),
             web.post("/continue_generation", self.resume),
             web.post("/update_weights_from_disk", self.update_weights_from_disk),
+            web.post("/init_weights_update_group", self.init_weights_update_group),
+            web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
             web.route("*", "/flush_cache", self.flush_cache),
         ])
         self.app.on_startup.append(self._start_pump)
@@ -161,6 +165,8 @@ class EngineServer:
         self._waiters: dict[str, asyncio.Queue] = {}
         """rid -> queue of engine events, for every request submitted and not yet finished."""
         self._failure: BaseException | None = None
+        self._groups: dict[str, Any] = {}
+        """group_name -> the process group joined by /init_weights_update_group."""
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump: threading.Thread | None = None
@@ -358,10 +364,81 @@ class EngineServer:
             "num_paused_requests": 0,
         })
 
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        """Join the trainer's weight group as rank `rank_offset` (TP size 1 here); blocks until every
+        member has joined, as SGLang's does."""
+        try:
+            body = await request.json()
+            address, port = body["master_address"], int(body["master_port"])
+            rank, world_size = int(body["rank_offset"]), int(body["world_size"])
+            group_name, backend = body.get("group_name", "weight_update_group"), body.get("backend", "nccl")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return _error("init_weights_update_group needs a JSON body with master_address, master_port, "
+                          "rank_offset, world_size (and group_name, backend)")
+        if backend == "nccl" and self._device_type() != "cuda":
+            return _failed(f"backend 'nccl' needs the engine on CUDA; it is on {self._device_type()} (use gloo)")
+        if group_name in self._groups:
+            return _failed(f"group {group_name!r} is already joined")
+        from rollpacker.backends.sglang.weights import join_group
+
+        try:
+            self._groups[group_name] = await asyncio.get_running_loop().run_in_executor(
+                None, join_group, address, port, rank, world_size, group_name, backend, 600.0)
+        except Exception as exc:  # noqa: BLE001  (reported to the caller, as SGLang does)
+            return _failed(f"Failed to init group: {exc}")
+        return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        """Receive one bucket from rank 0 of `group_name` (names, dtypes, shapes in broadcast order)
+        and load it into the engine's model (a partial update)."""
+        try:
+            body = await request.json()
+            names, dtypes, shapes = list(body["names"]), list(body["dtypes"]), [list(s) for s in body["shapes"]]
+            group = self._groups[body.get("group_name", "weight_update_group")]
+            if not len(names) == len(dtypes) == len(shapes):
+                raise ValueError("names, dtypes and shapes differ in length")
+            version = self._version_label(body.get("weight_version"), default=int(self.weight_version))
+            if body.get("load_format") is not None:
+                raise ValueError(f"load_format {body['load_format']!r} is not supported (only null)")
+        except KeyError as exc:
+            return _error(f"update_weights_from_distributed: {exc} is missing or not a joined group")
+        except (ValueError, TypeError, AttributeError) as exc:
+            return _error(f"update_weights_from_distributed: {exc}")
+        from rollpacker.backends.sglang.weights import receive_bucket
+
+        if body.get("abort_all_requests") and self._waiters:
+            self.engine.abort(list(self._waiters))
+        loop = asyncio.get_running_loop()
+        try:
+            received = await loop.run_in_executor(None, receive_bucket, group, names, dtypes, shapes,
+                                                  self._device_type())
+            await loop.run_in_executor(None, self.engine.update_weights, received, version)
+        except Exception as exc:  # noqa: BLE001
+            return _failed(f"Failed to update weights: {exc}")
+        self.weight_version = str(version)
+        return web.json_response({"success": True, "message": "Succeeded to update parameter online."})
+
+    def _device_type(self) -> str:
+        """Where the engine's model lives ("cpu" for an engine without one)."""
+        model = getattr(self.engine, "model", None)
+        return next(model.parameters()).device.type if model is not None else "cpu"
+
+    @staticmethod
+    def _version_label(label, default: int) -> int:
+        try:
+            return int(label) if label is not None else default
+        except ValueError:
+            raise ValueError(f"weight_version must be an integer label here, got {label!r}") from None
+
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self._waiters:
             return web.Response(status=400, text="Cache not flushed: there are running or waiting requests.\n")
         return web.Response(status=200, text="Cache flushed.\n")
+
+
+def _failed(message: str) -> web.Response:
+    """SGLang's answer to a weight call that failed: 400 with success false."""
+    return web.json_response({"success": False, "message": message}, status=400)
 
 
 # -- the `rollpacker serve` subcommand --------------------------------------------------------------

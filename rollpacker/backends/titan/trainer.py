@@ -24,7 +24,8 @@ from typing import Any
 from rollpacker.backends.titan import cpu as titan_cpu
 from rollpacker.backends.errors import InvalidMicroBatch
 from rollpacker.backends.trainer.loss import token_logprobs_and_entropy
-from rollpacker.backends.trainer.policy import PolicyTrainer, default_device, full_cpu, init_process_group, select_device
+from rollpacker.backends.trainer.policy import (PolicyTrainer, default_device, full_cpu, full_tensor,
+                                                init_process_group, select_device)
 from rollpacker.backends.titan.config import TitanConfig
 from rollpacker.backends.titan.model import apply_parallel_plan, expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights
 from rollpacker.core.errors import ConfigError
@@ -168,6 +169,12 @@ class TitanTrainer(PolicyTrainer):
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         dtype = getattr(torch, self.config.dtype)
         return {k: v.detach().cpu().to(dtype, copy=True) for k, v in self.adapter.to_hf(sd).items()}
+
+    def named_weights(self):
+        """(HF name, full tensor on the trainer's device), one parameter at a time (each gathered
+        when reached: collective, every rank iterates to the end); never the whole model at once."""
+        for name, tensor in self.model.state_dict().items():
+            yield from self.adapter.to_hf({name: full_tensor(tensor)}).items()
 
     def gradients(self) -> dict[str, Any]:
         """The accumulated (not yet normalised) gradients as HF-named full tensors on every rank;

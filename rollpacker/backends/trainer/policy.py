@@ -80,11 +80,16 @@ def clip_grad_norm(params: list, max_norm: float | None):
     return total
 
 
-def full_cpu(t):
-    """A detached CPU copy of `t`, gathered whole when it is a sharded DTensor (collective then)."""
+def full_tensor(t):
+    """`t` detached, gathered whole on its own device when it is a sharded DTensor (collective then)."""
     from torch.distributed.tensor import DTensor
 
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+
+
+def full_cpu(t):
+    """A detached CPU copy of `t`, gathered whole when it is a sharded DTensor (collective then)."""
+    return full_tensor(t).cpu().clone()
 
 
 @contextlib.contextmanager

@@ -30,7 +30,8 @@ from rollpacker.backends.titan import cpu as titan_cpu
 from rollpacker.backends.errors import InvalidMicroBatch
 from rollpacker.backends.trainer.loss import chunked_token_logprobs_and_entropy
 from rollpacker.backends.models import read_config_json
-from rollpacker.backends.trainer.policy import PolicyTrainer, default_device, full_cpu, init_process_group, select_device
+from rollpacker.backends.trainer.policy import (PolicyTrainer, default_device, full_cpu, full_tensor,
+                                                init_process_group, select_device)
 from rollpacker.backends.trainer.config import TrainerConfig
 from rollpacker.core.errors import ConfigError
 
@@ -121,6 +122,13 @@ class TorchTrainer(PolicyTrainer):
         With tied embeddings the one shared matrix is exported as model.embed_tokens.weight."""
         dtype = getattr(torch, self.config.dtype)
         return {name.removeprefix(_PREFIX): full_cpu(p).to(dtype) for name, p in self.model.named_parameters()}
+
+    def named_weights(self):
+        """(HF name, full tensor on the trainer's device), one parameter at a time: under FSDP each
+        is gathered when it is reached (collective: every rank iterates to the end), so no rank ever
+        holds more than its shard plus one whole parameter.  Tied embeddings: one name, as export_weights."""
+        for name, p in self.model.named_parameters():
+            yield name.removeprefix(_PREFIX), full_tensor(p)
 
     def gradients(self) -> dict[str, Any]:
         """The accumulated (not yet normalised) gradients, HF-named full tensors on every rank (a
