@@ -172,9 +172,13 @@ class TitanTrainer(PolicyTrainer):
 
     def named_weights(self):
         """(HF name, full tensor on the trainer's device), one parameter at a time (each gathered
-        when reached: collective, every rank iterates to the end); never the whole model at once."""
+        when reached: collective, every rank iterates to the end); never the whole model at once.
+        In config.dtype, as export_weights (the float32 master weights cast on the device)."""
+        import torch
+
+        dtype = getattr(torch, self.config.dtype)
         for name, tensor in self.model.state_dict().items():
-            yield from self.adapter.to_hf({name: full_tensor(tensor)}).items()
+            yield from self.adapter.to_hf({name: full_tensor(tensor).to(dtype)}).items()
 
     def gradients(self) -> dict[str, Any]:
         """The accumulated (not yet normalised) gradients as HF-named full tensors on every rank;

@@ -126,9 +126,11 @@ class TorchTrainer(PolicyTrainer):
     def named_weights(self):
         """(HF name, full tensor on the trainer's device), one parameter at a time: under FSDP each
         is gathered when it is reached (collective: every rank iterates to the end), so no rank ever
-        holds more than its shard plus one whole parameter.  Tied embeddings: one name, as export_weights."""
+        holds more than its shard plus one whole parameter.  Tied embeddings: one name, as export_weights.
+        In config.dtype, as export_weights (the float32 master weights cast on the device)."""
+        dtype = getattr(torch, self.config.dtype)
         for name, p in self.model.named_parameters():
-            yield name.removeprefix(_PREFIX), full_tensor(p)
+            yield name.removeprefix(_PREFIX), full_tensor(p).to(dtype)
 
     def gradients(self) -> dict[str, Any]:
         """The accumulated (not yet normalised) gradients, HF-named full tensors on every rank (a
