@@ -11,6 +11,7 @@ answers wrongly.  A driver that catches `BackendError` catches every backend fai
         RewardExecutorFailed    the reward executor's dispatcher thread died, or a worker
                                 process could not be started (cause chained)
         InvalidMicroBatch       a trainer refuses a micro-batch (also a `ValueError`)
+        TrainerFailed           a trainer call on the driver's train worker raised (cause chained)
 
 Foreign exceptions (aiohttp, JSON decoding, a dead worker thread or process) are translated where
 a backend crosses its I/O boundary, with `raise X(...) from exc` and a message naming the server
@@ -55,6 +56,11 @@ class InvalidMicroBatch(BackendError, ValueError):
     """A micro-batch the trainer refuses; the message names the sample and field."""
 
 
+class TrainerFailed(BackendError):
+    """A trainer call on the driver's train worker thread raised (the trainer's own error, an
+    `InvalidMicroBatch` included, is the cause); the message names the micro-batch or call."""
+
+
 __all__ = [
     "BackendError",
     "BackendProtocolError",
@@ -64,4 +70,5 @@ __all__ = [
     "SGLangError",
     "ServerRejected",
     "ServerUnavailable",
+    "TrainerFailed",
 ]
