@@ -166,12 +166,12 @@ def _heatmap(fig, ax, timeline: StepTimeline) -> None:
 
 
 def _training(ax, timeline: StepTimeline) -> None:
-    overlapped = exposed = 0.0
+    from rollpacker.driver.step_log import split_training
+
     for k, (start, end, what) in enumerate(timeline.training):
         color = "darkgreen" if not what.startswith("micro-batch") else TRAIN_COLORS[k % len(TRAIN_COLORS)]
         ax.barh(0, end - start, left=start, color=color, height=0.8)
-        overlapped += max(0.0, min(end, timeline.round_end) - start)
-        exposed += max(0.0, end - max(start, timeline.round_end))
+    overlapped, exposed = split_training(timeline.training, timeline.round_end)
     ax.axvline(timeline.round_end, color="black", ls="--", lw=1)
     ax.set_yticks([])
     ax.set_ylabel("trainer", fontsize=8)
