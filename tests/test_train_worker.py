@@ -18,7 +18,7 @@ from rollpacker.backends.models import load_model, tiny_random_llama
 from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
 from rollpacker.core import BatcherConfig, Scheduler, make_policy
 from rollpacker.core.protocols import MicroBatch, RewardOutcome, TrainSample
-from rollpacker.driver import StepLoop, WallClock
+from rollpacker.driver import LoopConfig, StepLoop, StepTimeout, WallClock
 from rollpacker.driver.step_log import split_training
 from rollpacker.driver.train_worker import TrainWorker
 from test_step_loop import Prompts, RecordingTrainer, ScriptedEngine, ScriptedRewards
@@ -173,3 +173,33 @@ def test_real_engine_and_trainer_the_tail_is_aborted_while_a_micro_batch_trains(
     assert record["trained_prompts"] == 2 and names.count("train returns") == 4 and math.isfinite(record["loss"])
     assert record["train_overlapped_s"] > 0 and record["step_s"] >= record["rollout_s"]
     assert [s[2] for s in record["train_spans"]][-1] == "optimizer step" and len(record["train_spans"]) == 5
+
+
+class StuckTrainer(RecordingTrainer):
+    """Its second micro-batch never finishes (until the test lets it go)."""
+
+    def __init__(self, calls: list, engine) -> None:
+        super().__init__(calls, engine)
+        self.release = threading.Event()
+
+    def forward_backward(self, batch):
+        if sum(1 for c in self.calls if c[0] == "forward_backward") == 1:
+            self.release.wait(timeout=300)
+        return super().forward_backward(batch)
+
+
+@pytest.mark.timeout(120)
+def test_a_stuck_trainer_fails_the_step_at_its_timeout_naming_the_micro_batch():
+    calls: list = []
+    engine = ScriptedEngine(calls)
+    trainer = StuckTrainer(calls, engine)
+    sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=8), num_prompts=4,
+                      batcher=BatcherConfig(token_budget=1))
+    loop = StepLoop(sched, engine, ScriptedRewards(), trainer, Prompts(), LoopConfig(step_timeout_s=5.0))
+    try:
+        with pytest.raises(StepTimeout, match="step_timeout_s=5.0: .* the trainer on micro-batch 1"):
+            loop.run_step()
+    finally:
+        trainer.release.set()
+        loop.close()
+    assert "optimizer_step" not in [c[0] for c in calls]

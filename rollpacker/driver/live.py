@@ -259,8 +259,7 @@ class LiveBackend:
         try:  # (every group filtered out, DAPO: nothing to step, but the micro-batches are still waited for)
             log.step_stats = self.worker.call(OPTIMIZER_STEP, step, timeout=self._time_left(log))
         except TimeoutError:
-            raise StepTimeout(f"step {self.sched.state.step} ran past step_timeout_s={self.config.step_timeout_s}: "
-                              f"the trainer is still on {self.worker.running or 'its queue'}") from None
+            raise self._timed_out(log) from None
         self._trained(self.worker.poll())
         t = self.clock.now()
         sync_weights(self.engine, self.worker, version=command.step + 1)
@@ -309,11 +308,16 @@ class LiveBackend:
     def _check_deadline(self, log: StepLog) -> None:
         limit = self.config.step_timeout_s
         if limit is not None and self.clock.now() - log.start > limit:
-            running = self.sched.state.num_running
-            raise StepTimeout(
-                f"step {self.sched.state.step} ran past step_timeout_s={limit}: {running} requests still running, "
-                f"round {'ended' if log.round_end is not None else 'not ended'}"
-            )
+            raise self._timed_out(log)
+
+    def _timed_out(self, log: StepLog) -> StepTimeout:
+        """What was pending when the step ran past its limit: requests, the round, the trainer's job."""
+        running = self.sched.state.num_running
+        return StepTimeout(
+            f"step {self.sched.state.step} ran past step_timeout_s={self.config.step_timeout_s}: {running} requests "
+            f"still running, round {'ended' if log.round_end is not None else 'not ended'}, "
+            f"the trainer {'on ' + self.worker.running if self.worker.running else 'idle'}"
+        )
 
     def _progress(self, log: StepLog) -> dict:
         return {"running": self.sched.state.num_running, "kept": len(log.kept), "rewards": len(log.rewards)}
