@@ -67,9 +67,12 @@ def main() -> None:
         f"- **step-time ratio sync/tail: {ratio:.2f}x** (target >= 1.5x: {'met' if ratio >= 1.5 else 'missed'}).",
         f"- mean response length per sync step (tokens, all samples): "
         f"{', '.join(f'{x:.0f}' for x in sync_lengths)}; median {np.median(sync_lengths):.0f}.",
-        "- mean seconds per step (rollout / reward wait / train, hidden under rollout): "
+        "- mean seconds per step (rollout / reward wait / training exposed after the round / weight sync; "
+        "training overlapped with the rollout): "
         + "; ".join(f"{p} {_mean(records[p], 'rollout_s'):.1f} / {_mean(records[p], 'reward_s'):.1f} / "
-                    f"{_mean(records[p], 'train_s'):.1f}, {_mean(records[p], 'hidden_train_s'):.1f}" for p in records),
+                    f"{_mean(records[p], 'train_exposed_s'):.1f} / {_mean(records[p], 'sync_s'):.1f}; "
+                    f"{_mean(records[p], 'train_overlapped_s'):.1f}" for p in records),
+        "- step seconds: " + "; ".join(f"{p} " + " ".join(f"{r['step_s']:.0f}" for r in records[p]) for p in records),
     ]
     label = "tail knobs: " + (" ".join(train_flags) if train_flags else "defaults")
     write_section("Reference trainer: sync vs tail", "\n".join(body), subsection=label)

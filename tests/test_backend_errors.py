@@ -29,6 +29,7 @@ from rollpacker.backends.errors import (
     SGLangError,
     ServerRejected,
     ServerUnavailable,
+    TrainerFailed,
 )
 from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 from rollpacker.backends.sglang.client import SGLangEngine
@@ -41,7 +42,7 @@ from rollpacker.core.protocols import GenerationResult, RewardJob
 
 FAST = HttpConfig(connect_timeout_s=1.0, control_timeout_s=2.0, retries=2, backoff_s=0.05)
 FAMILY = (SGLangError, ServerUnavailable, ServerRejected, BackendProtocolError, EngineFailed,
-          GraphCaptureFailed, RewardExecutorFailed, InvalidMicroBatch, BackendMisuse)
+          GraphCaptureFailed, RewardExecutorFailed, InvalidMicroBatch, BackendMisuse, TrainerFailed)
 
 
 def test_every_backend_error_is_one_family():

@@ -4,6 +4,8 @@ backends and the simulator alike."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from rollpacker.core import (
@@ -95,3 +97,97 @@ def test_the_simulator_is_a_backend_of_the_same_driver_on_virtual_time():
     assert type(sim.driver) is Driver and sim.driver.backend is sim
     assert sim.clock.now() == pytest.approx(sum(s["step_s"] for s in result["steps"]))
     assert sim.driver.ledger.duplicates == 0 and len(sim.driver.ledger.trained) == 8 * 3
+
+
+class AbortWatchingEngine(TickingEngine):
+    """The ticking engine that notes the clock second at which the P-th group has R answers, the
+    clock of each abort and of its last answer."""
+
+    def __init__(self, calls: list, clock: VirtualClock, prompts: int, samples: int) -> None:
+        super().__init__(calls, clock)
+        self.prompts, self.samples = prompts, samples
+        self.pth_group_at: float | None = None
+        self.last_answer_at: float | None = None
+        self.answered: dict = {}  # answers per group
+        self.groups: dict = {}
+
+    def submit(self, requests) -> None:
+        self.groups.update({r.request_id: r.group for r in requests})
+        super().submit(requests)
+
+    def poll(self, timeout=None):
+        out = super().poll(timeout)
+        for r in out:
+            self.last_answer_at = self.clock.now()
+            if r.finish_reason != "abort":
+                group = self.groups[r.request_id]
+                self.answered[group] = self.answered.get(group, 0) + 1
+        if self.pth_group_at is None and sum(n >= self.samples for n in self.answered.values()) == self.prompts:
+            self.pth_group_at = self.clock.now()
+        return out
+
+    def abort(self, request_ids) -> None:
+        self.calls.append(("abort at", self.clock.now()))
+        super().abort(request_ids)
+
+
+class LongMicroBatchTrainer(RecordingTrainer):
+    """Each micro-batch trains until the round is over (`round_over`, opened once the driver has
+    ended it), then 100 clock seconds more: training that outlives the round.  Called on the driver's
+    own thread (a synchronous loop), it cannot see the round end (the driver is inside the call), so
+    it takes its 100 s at once."""
+
+    def __init__(self, calls: list, engine: AbortWatchingEngine, clock: VirtualClock) -> None:
+        super().__init__(calls, engine)
+        self.clock, self.driver_thread = clock, threading.current_thread()
+        self.round_over = threading.Event()
+
+    def forward_backward(self, batch):
+        self.calls.append(("train starts at", self.clock.now()))
+        if threading.current_thread() is not self.driver_thread:
+            assert self.round_over.wait(timeout=120), "the round never ended while training ran"
+        self.clock.advance_to(self.clock.now() + 100.0)
+        stats = super().forward_backward(batch)
+        self.calls.append(("train returns",))
+        return stats
+
+
+@pytest.mark.timeout(180)
+def test_a_long_micro_batch_does_not_hold_the_round_it_ends_and_aborts_when_the_pth_group_completes():
+    """Tail batching (3 groups of 3 for P=2, R=2) on the ticking engine: one answer per clock second.
+    The first group's micro-batch starts training and runs past the round; meanwhile the driver
+    still sees the engine's answers, ends the round and aborts the tail at the clock second the P-th
+    group completes (not 100 s later, after training returns), and the optimizer step then waits
+    for every micro-batch."""
+    calls: list = []
+    clock = VirtualClock(start=100.0)
+    engine = AbortWatchingEngine(calls, clock, prompts=2, samples=2)
+    trainer = LongMicroBatchTrainer(calls, engine, clock)
+    sched = Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=8), num_prompts=4,
+                      batcher=BatcherConfig(token_budget=1))
+    loop = StepLoop(sched, engine, ScriptedRewards(), trainer, Prompts(), clock=clock)
+    end_round = loop.live.end_round
+
+    def round_ended(command):  # the test watches the backend end the round, then lets training go on
+        end_round(command)
+        trainer.round_over.set()
+
+    loop.live.end_round = round_ended
+    record = loop.run_step()
+    loop.close()
+
+    names = [c[0] for c in calls]
+    # the tail is aborted when the P-th group completes (a group's spare answers are aborted earlier)
+    round_abort = calls.index(("abort at", engine.pth_group_at))
+    assert engine.pth_group_at - 100.0 < 10, "the P-th group completes at once, not after training returns"
+    assert names.index("train starts at") < round_abort < names.index("train returns"), \
+        "the round's tail was aborted while a micro-batch was training"
+    assert record["rollout_s"] == engine.last_answer_at - 100.0 < 20, \
+        "the round ends when its aborted requests are back, on the engine's clock seconds alone"
+    assert not [c for c in calls if c[0] == "abort at" and c[1] > engine.pth_group_at]
+    assert names.count("train returns") == 4 and names.index("optimizer_step") > max(
+        i for i, n in enumerate(names) if n == "train returns"), "the optimizer step waits for every micro-batch"
+    assert [n for n in names if n in ("pause", "update_weights", "resume")] == ["pause", "update_weights", "resume"]
+    assert record["train_overlapped_s"] > 0 and record["train_exposed_s"] >= 4 * 100.0
+    assert record["step_s"] == pytest.approx(record["rollout_s"] + record["reward_s"] + record["train_exposed_s"]
+                                             + record["sync_s"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import attrs
+
 import numpy as np
 import pytest
 
@@ -60,3 +62,13 @@ def test_summary_draws_a_thousand_steps_with_tokens_per_s_and_wasted_share(tmp_p
     assert wasted_share(records[1]) == 0.25
     path = plot_step_summary(records, tmp_path / "summary.png")
     assert png_shape(path)[0] < 1000
+
+
+@pytest.mark.timeout(120)
+def test_a_step_with_training_spans_draws_the_trainers_lane(tmp_path):
+    step = random_step(24, engines=1)
+    end = step.round_end
+    spans = ((0.5, 4.0, "micro-batch 0"), (4.0, 9.0, "micro-batch 1"), (end + 1, end + 2, "optimizer step"))
+    plain = png_shape(plot_step_timeline(step, tmp_path / "plain.png"))
+    lane = png_shape(plot_step_timeline(attrs.evolve(step, training=spans), tmp_path / "lane.png"))
+    assert lane[0] > plain[0] and lane[1] == plain[1], "one more lane, same width"

@@ -56,8 +56,12 @@ def test_two_step_run_writes_every_output(tiny_model, tmp_path, trainer):
     for r in rs:
         assert r["trained_prompts"] == 2 and r["on_policy_fraction"] == 1.0 and r["duplicate_prompts"] == 0
         assert r["step_s"] >= r["rollout_s"] > 0 and 0.0 <= r["bubble_ratio"] <= 1.0
-        for key in ("reward_s", "train_s", "hidden_train_s", "generated_tokens", "wasted_tokens", "mean_reward"):
+        for key in ("reward_s", "train_s", "train_overlapped_s", "train_exposed_s", "generated_tokens",
+                    "wasted_tokens", "mean_reward"):
             assert key in r
+        assert r["train_s"] == pytest.approx(r["train_overlapped_s"] + r["train_exposed_s"])
+        assert r["step_s"] == pytest.approx(r["rollout_s"] + r["reward_s"] + r["train_exposed_s"] + r["sync_s"])
+        assert len(r["train_spans"]) >= 2 and r["train_spans"][-1][2] == "optimizer step"
     trained = [k for r in rs for k in r["trained"]]
     assert len(trained) == len(set(trained)) == 4
     assert "step   1" in proc.stdout and "outputs in" in proc.stdout

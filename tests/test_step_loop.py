@@ -94,20 +94,27 @@ class Prompts:
         return RewardJob(request_id, "scripted", index, response_ids)
 
 
-def run_one_step(policy):
+def run_one_step(policy, handed: list | None = None):
+    """`handed` gets, for each micro-batch the loop hands to the trainer, the engine's unanswered requests."""
     calls: list = []
     engine = ScriptedEngine(calls)
     trainer = RecordingTrainer(calls, engine)
     sched = Scheduler(policy, num_prompts=4, batcher=BatcherConfig(token_budget=1))
-    record = StepLoop(sched, engine, ScriptedRewards(), trainer, Prompts()).run_step()
+
+    def on_progress(stage, info):
+        if stage == "train" and handed is not None:
+            handed.append(len(engine.queue))
+
+    record = StepLoop(sched, engine, ScriptedRewards(), trainer, Prompts(), on_progress=on_progress).run_step()
     return calls, trainer, record
 
 
 def test_loop_streams_trains_the_right_tokens_and_syncs_weights():
-    calls, trainer, record = run_one_step(make_policy("sync", prompts=2, samples=2, max_tokens=8))
+    handed: list = []
+    calls, trainer, record = run_one_step(make_policy("sync", prompts=2, samples=2, max_tokens=8), handed)
     names = [c[0] for c in calls]
     assert names == ["forward_backward"] * 4 + ["optimizer_step", "pause", "update_weights", "resume"]
-    assert calls[0][1] > 0, "the first micro-batch trains while the other group still generates"
+    assert handed[0] > 0, "the first micro-batch goes to the trainer while the other group still generates"
     assert ("update_weights", 1) in calls  # the new weights are version step + 1
     assert calls[4] == ("optimizer_step", 12.0)  # token-mean: 4 responses x 3 tokens
     assert sorted(s.response_ids[1] for s in trainer.samples) == [0, 1, 2, 3]

@@ -15,6 +15,7 @@ stay outside it.
         InvalidMicroBatch       a trainer refuses a micro-batch (also a `ValueError`)
         BackendMisuse           a backend called in a way it cannot take: closed, a duplicate or
                                 unknown request id (also a `ValueError`)
+        TrainerFailed           a trainer call on the driver's train worker raised (cause chained)
 
 Foreign exceptions (aiohttp, JSON decoding, a dead worker thread or process) are translated where
 a backend crosses its I/O boundary, with `raise X(...) from exc` and a message naming the server
@@ -71,6 +72,11 @@ class BackendMisuse(BackendError, ValueError):
     `SchedulerMisuse` is for events the core's state machines refuse."""
 
 
+class TrainerFailed(BackendError):
+    """A trainer call on the driver's train worker thread raised (the trainer's own error, an
+    `InvalidMicroBatch` included, is the cause); the message names the micro-batch or call."""
+
+
 __all__ = [
     "BackendError",
     "BackendMisuse",
@@ -82,4 +88,5 @@ __all__ = [
     "SGLangError",
     "ServerRejected",
     "ServerUnavailable",
+    "TrainerFailed",
 ]

@@ -4,6 +4,7 @@
     loop     Driver (feed the core, execute its commands) and the Backend protocol it drives
     step_log a live step's record: each request's Interval on the timeline, the StepLog
     live     LiveBackend (a real engine, reward executor and trainer) and StepLoop, the driver over it
+    train_worker  TrainWorker: the trainer on a thread of its own (the loop never waits on training)
 
 The simulator (`rollpacker.sim.Simulation`) is another Backend of the same Driver.
 """
@@ -12,7 +13,8 @@ from .clock import Clock, VirtualClock, WallClock
 from .live import LiveBackend, LoopConfig, PromptSource, StepLoop, StepTimeout, sync_weights
 from .loop import Backend, DeadlinePassed, Driver, Input, ScorerAnswered
 from .step_log import Interval, StepLog
+from .train_worker import TrainerRan, TrainWorker
 
 __all__ = ["Driver", "Backend", "Input", "ScorerAnswered", "DeadlinePassed", "Clock", "WallClock", "VirtualClock",
            "LiveBackend", "StepLoop", "LoopConfig", "Interval", "StepLog", "PromptSource", "StepTimeout",
-           "sync_weights"]
+           "sync_weights", "TrainWorker", "TrainerRan"]

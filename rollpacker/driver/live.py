@@ -6,10 +6,13 @@ It talks to them through the Protocols of `rollpacker.core.protocols`: launches 
 engine results become core events, kept samples become reward jobs, micro-batches become
 `TrainSample`s with their advantages.
 
-Stream training: a `TrainMicroBatch` runs as soon as the batcher emits it, while the round's other
-requests keep generating (the engine decodes in its own thread or server), so training of finished
-groups hides under the tail; `hidden_train_s` reports how much.  After the single `StepOptimizer`
-the new weights go to the engine: pause, update, resume.
+Stream training: a `TrainMicroBatch` goes to the `TrainWorker` (the trainer on a thread of its own)
+as soon as the batcher emits it, while the round's other requests keep generating (the engine
+decodes in its own thread or server), and the driver goes straight back to feeding the core: the
+round ends, and its tail is aborted, when the P-th group completes, not when a micro-batch returns.
+Only the single `StepOptimizer` waits for every micro-batch of the step; then the new weights go to
+the engine: pause, update, resume.  The step's record splits the trainer's time into
+`train_overlapped_s` (while the round generated) and `train_exposed_s` (after the round's end).
 """
 
 from __future__ import annotations
@@ -51,17 +54,20 @@ from rollpacker.core.records import PromptKey, Sample, Segment, request_number
 
 from .clock import Clock, WallClock
 from .loop import Driver, Input, ScorerAnswered
-from .step_log import Interval, StepLog
+from .step_log import Interval, StepLog, split_training
+from .train_worker import OPTIMIZER_STEP, TrainerRan, TrainWorker
 
 
-def sync_weights(engine: RolloutEngine, trainer: Trainer, version: int) -> None:
+def sync_weights(engine: RolloutEngine, trainer: Trainer | TrainWorker, version: int) -> None:
     """Give the trainer's weights to the engine as policy `version`: pause, update, resume (even on error).
     An engine that takes them from the trainer itself (SGLang servers: gathered per parameter, sent
-    in buckets or written to disk) does so; others get `export_weights()`."""
+    in buckets or written to disk) does so, on the train worker when given one; others get
+    `export_weights()`."""
     engine.pause()
     try:
         if hasattr(engine, "update_weights_from_trainer"):
-            engine.update_weights_from_trainer(trainer, version)
+            push = lambda t: engine.update_weights_from_trainer(t, version)  # noqa: E731
+            trainer.call("weight sync", push) if isinstance(trainer, TrainWorker) else push(trainer)
         else:
             engine.update_weights(trainer.export_weights(), version=version)
     finally:
@@ -106,7 +112,8 @@ class LiveBackend:
         """Read only: progress and timeout messages name its running requests."""
         self.engine = engine
         self.rewards = rewards
-        self.trainer = trainer
+        self.worker = TrainWorker(trainer, clock)
+        """The trainer behind its worker thread: every trainer call of the loop goes through it."""
         self.prompts = prompts
         self.clock = clock
         self.config = config or LoopConfig()
@@ -137,9 +144,11 @@ class LiveBackend:
     # -- what happened ---------------------------------------------------------------------------
 
     def wait(self) -> list[Input]:
-        """Poll the reward executor, then the engine (waiting up to `poll_s` on whichever is due)."""
+        """Poll the trainer and the reward executor, then the engine (waiting up to `poll_s` on
+        whichever is due); the trainer's finished micro-batches are recorded, never waited for."""
         log = self._log
         self._check_deadline(log)
+        self._trained(self.worker.poll())
         outcomes = self.rewards.poll(timeout=0)
         waiting_on_engine = log.round_end is None
         outputs = self.engine.poll(timeout=self.config.poll_s if waiting_on_engine and not outcomes else 0)
@@ -215,15 +224,20 @@ class LiveBackend:
         self._log.groups.append(tuple(s.request_id for s in command.samples))
 
     def train(self, command: TrainMicroBatch) -> None:
+        """Hand the micro-batch to the train worker and return at once."""
         samples = [self._train_sample(ref) for ref in command.samples]
         self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
+        self.worker.forward_backward(command.index, MicroBatch(tuple(samples)))
+
+    def _trained(self, jobs: Sequence[TrainerRan]) -> None:
+        """Record what the worker finished: micro-batch statistics, and when it trained (the timeline's
+        training lane; exporting weights is sync time, not training)."""
         log = self._log
-        t = self.clock.now()
-        log.train_stats.append(self.trainer.forward_backward(MicroBatch(tuple(samples))))
-        spent = self.clock.now() - t
-        log.train_s += spent
-        if log.round_end is None:
-            log.hidden_train_s += spent
+        for job in jobs:
+            if job.micro_batch is not None:
+                log.train_stats.append(job.stats)
+            if job.micro_batch is not None or job.what == OPTIMIZER_STEP:
+                log.train_spans.append((job.start - log.start, job.end - log.start, job.what))
 
     def _train_sample(self, ref) -> TrainSample:
         s = ref.sample
@@ -246,13 +260,16 @@ class LiveBackend:
         log.trained = command.trained
 
     def step_optimizer(self, command: StepOptimizer) -> None:
+        """The one wait on training: the step's micro-batches, then the optimizer step, then the sync."""
         log = self._log
+        step = (lambda t: t.optimizer_step(command.loss_normalizer)) if command.num_samples else (lambda t: None)
+        try:  # (every group filtered out, DAPO: nothing to step, but the micro-batches are still waited for)
+            log.step_stats = self.worker.call(OPTIMIZER_STEP, step, timeout=self._time_left(log))
+        except TimeoutError:
+            raise self._timed_out(log) from None
+        self._trained(self.worker.poll())
         t = self.clock.now()
-        if command.num_samples:  # every group filtered out (DAPO): nothing to step
-            log.step_stats = self.trainer.optimizer_step(command.loss_normalizer)
-        log.optimizer_s = self.clock.now() - t
-        t = self.clock.now()
-        sync_weights(self.engine, self.trainer, version=command.step + 1)
+        sync_weights(self.engine, self.worker, version=command.step + 1)
         log.sync_s = self.clock.now() - t
         # the step is trained: only tokens that a later round resumes or trains are still needed
         self.tokens = {rid: r for rid, r in self.tokens.items() if rid in log.carried}
@@ -290,14 +307,24 @@ class LiveBackend:
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
+    def _time_left(self, log: StepLog) -> float | None:
+        """Seconds until the step's limit (None: no limit)."""
+        limit = self.config.step_timeout_s
+        return None if limit is None else max(0.0, limit - (self.clock.now() - log.start))
+
     def _check_deadline(self, log: StepLog) -> None:
         limit = self.config.step_timeout_s
         if limit is not None and self.clock.now() - log.start > limit:
-            running = self.sched.state.num_running
-            raise StepTimeout(
-                f"step {self.sched.state.step} ran past step_timeout_s={limit}: {running} requests still running, "
-                f"round {'ended' if log.round_end is not None else 'not ended'}"
-            )
+            raise self._timed_out(log)
+
+    def _timed_out(self, log: StepLog) -> StepTimeout:
+        """What was pending when the step ran past its limit: requests, the round, the trainer's job."""
+        running = self.sched.state.num_running
+        return StepTimeout(
+            f"step {self.sched.state.step} ran past step_timeout_s={self.config.step_timeout_s}: {running} requests "
+            f"still running, round {'ended' if log.round_end is not None else 'not ended'}, "
+            f"the trainer {'on ' + self.worker.running if self.worker.running else 'idle'}"
+        )
 
     def _progress(self, log: StepLog) -> dict:
         return {"running": self.sched.state.num_running, "kept": len(log.kept), "rewards": len(log.rewards)}
@@ -311,12 +338,14 @@ class LiveBackend:
         loss_sum = sum(s.loss_sum for s in log.train_stats)
         tokens = sum(s.num_tokens for s in log.train_stats)
         entropy = sum(s.entropy_sum for s in log.train_stats)
+        overlapped, exposed = split_training(log.train_spans, rollout_s)
         return step_record(
             log.report,
             rollout_s=rollout_s,
-            reward_s=max(0.0, step_s - rollout_s - log.train_s + log.hidden_train_s - log.optimizer_s - log.sync_s),
-            train_s=log.train_s + log.optimizer_s,
-            hidden_train_s=log.hidden_train_s,
+            reward_s=max(0.0, step_s - rollout_s - exposed - log.sync_s),
+            train_s=overlapped + exposed,
+            train_overlapped_s=overlapped,
+            train_exposed_s=exposed,
             sync_s=log.sync_s,
             step_s=step_s,
             bubble_ratio=bubble,
@@ -333,6 +362,7 @@ class LiveBackend:
             grad_norm=log.step_stats.grad_norm if log.step_stats is not None else None,
             requests=[[i.prompt, i.num_tokens, i.finish_reason, i.request_id, i.reward]
                       for i in log.intervals.values() if i.finish_reason],
+            train_spans=[[round(a, 4), round(b, 4), what] for a, b, what in log.train_spans],
         )
 
 
@@ -345,6 +375,10 @@ class StepLoop(Driver):
         clock = clock or WallClock()
         self.live = LiveBackend(scheduler, engine, rewards, trainer, prompts, clock, config, on_progress)
         super().__init__(scheduler, self.live, clock)
+
+    def close(self) -> None:
+        """Stop the train worker (the engine, rewards and trainer are the caller's to close)."""
+        self.live.worker.close()
 
     @property
     def last_timeline(self) -> list[Interval]:

@@ -86,11 +86,14 @@ class Backend(Protocol):
 
     def close_group(self, command: CloseGroup) -> None: ...
 
-    def train(self, command: TrainMicroBatch) -> None: ...
+    def train(self, command: TrainMicroBatch) -> None:
+        """Start training the micro-batch and return without waiting for it: the loop must go on
+        feeding the core (a round ends, and its tail is aborted, while training runs)."""
 
     def end_round(self, command: EndRound) -> None: ...
 
-    def step_optimizer(self, command: StepOptimizer) -> None: ...
+    def step_optimizer(self, command: StepOptimizer) -> None:
+        """Wait for every micro-batch of the step, step the optimizer, sync the weights."""
 
     def wait(self) -> Sequence[Input]:
         """Block (or, simulated, move the clock) until something happens; return what happened."""

@@ -1,6 +1,6 @@
 """One step of a live run as the driver records it: each request's `Interval` on the step's
 timeline (what the engine was asked, what it answered, whether its sample was kept, scored, trained)
-and the step's `StepLog` (rewards, trained samples, time spent training and syncing)."""
+and the step's `StepLog` (rewards, trained samples, when the trainer trained, time spent syncing)."""
 
 from __future__ import annotations
 
@@ -56,9 +56,17 @@ class StepLog:
     carried: frozenset[str] = frozenset()
     round_end: float | None = None
     report: Any = None
-    train_s: float = 0.0
-    hidden_train_s: float = 0.0
-    optimizer_s: float = 0.0
+    train_spans: list[tuple[float, float, str]] = field(factory=list)
+    """(start, end, what) of each micro-batch and the optimizer step, seconds from the step's start, in order."""
     sync_s: float = 0.0
     train_stats: list = field(factory=list)
     step_stats: Any = None
+
+
+def split_training(spans, round_end: float) -> tuple[float, float]:
+    """(overlapped, exposed): the trainer's seconds before the round's end (hidden under the rollout)
+    and after it (the step waits on them).  `spans` are (start, end, ...) of one trainer, so they
+    never overlap each other."""
+    overlapped = sum(max(0.0, min(end, round_end) - start) for start, end, *_ in spans)
+    total = sum(end - start for start, end, *_ in spans)
+    return overlapped, total - overlapped

@@ -8,7 +8,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-STAGES = (("rollout_s", "tab:blue", "rollout"), ("reward_s", "tab:orange", "reward"), ("train_s", "tab:green", "train"))
+STAGES = (("rollout_s", "tab:blue", "rollout"), ("reward_s", "tab:orange", "reward"),
+          ("train_exposed_s", "tab:green", "train (exposed)"), ("sync_s", "tab:purple", "weight sync"))
+
+
+def stage_s(record: dict, key: str) -> float:
+    """A stage's exposed seconds; a record without the training split (the simulator's) trains
+    after its round, so all its `train_s` is exposed."""
+    if key == "train_exposed_s":
+        return record.get(key, record.get("train_s", 0.0))
+    return record.get(key, 0.0)
 
 
 def tokens_per_s(record: dict) -> float:
@@ -34,8 +43,8 @@ def plot_step_summary(records: Sequence[dict], path: Path, title: str = "") -> P
     steps = [r["step"] for r in records]
     width = 0.8 if len(steps) < 200 else 1.0
     bottom = [0.0] * len(records)
-    for key, color, label in STAGES:  # training hidden under the rollout is not exposed time
-        values = [r.get(key, 0.0) - (r.get("hidden_train_s", 0.0) if key == "train_s" else 0.0) for r in records]
+    for key, color, label in STAGES:  # training overlapped with the rollout is not exposed time
+        values = [stage_s(r, key) for r in records]
         axes[0].bar(steps, values, bottom=bottom, color=color, label=label, width=width, lw=0)
         bottom = [a + b for a, b in zip(bottom, values)]
     longs = [(r["step"], b) for r, b in zip(records, bottom) if r.get("round") == "long"]

@@ -6,6 +6,9 @@
                two is the bubble); the round's end is a dashed line, what follows it (reward and
                training, the engines idle) is shaded grey; aborts are red ticks along the top
     heatmap    with more engines than panels: each engine's occupancy (running / capacity) per time bin
+    training   when the step has training spans: the trainer's lane (each micro-batch and the optimizer
+               step as it ran), on the same time axis, so training under the rollout and training
+               the step waits for after the round's end read apart
     tokens     the step's generated tokens split into kept / aborted / wasted / carried
     requests   one bar per request, only when the step has at most `MAX_REQUEST_ROWS` of them
 
@@ -24,6 +27,8 @@ from attrs import field, frozen
 MAX_ENGINE_PANELS = 4
 MAX_REQUEST_ROWS = 64
 HEATMAP_BINS = 300
+TRAIN_COLORS = ("tab:green", "yellowgreen")
+"""Consecutive micro-batches alternate between these; the optimizer step is dark green."""
 TOKEN_COLORS = {"kept": "tab:green", "aborted": "tab:red", "wasted": "tab:orange", "carried": "tab:purple"}
 REQUEST_COLORS = {**TOKEN_COLORS, "running": "tab:gray"}
 
@@ -74,6 +79,8 @@ class StepTimeline:
     """Generated tokens by fate, keys of TOKEN_COLORS."""
     requests: tuple[tuple[float, float | None, str], ...] | None = None
     """(start, end, outcome) per request, for the per-request view of a small step."""
+    training: tuple[tuple[float, float, str], ...] = ()
+    """(start, end, what) of each trainer job (micro-batches, the optimizer step): the training lane."""
 
 
 def total_trace(engines: Sequence[EngineTrace]) -> EngineTrace:
@@ -96,7 +103,9 @@ def plot_step_timeline(timeline: StepTimeline, path: Path) -> Path:
     many = len(timeline.engines) > MAX_ENGINE_PANELS
     traces = [total_trace(timeline.engines)] if many else list(timeline.engines)
     show_requests = timeline.requests is not None and 0 < len(timeline.requests) <= MAX_REQUEST_ROWS
-    heights = [2.2] * len(traces) + ([1.8] if many else []) + [0.7] + ([2.6] if show_requests else [])
+    show_training = bool(timeline.training)
+    heights = ([2.2] * len(traces) + ([1.8] if many else []) + ([0.6] if show_training else []) + [0.7]
+               + ([2.6] if show_requests else []))
     fig, axes = plt.subplots(len(heights), 1, figsize=(11, 1.0 + sum(heights)),
                              gridspec_kw={"height_ratios": heights})
     axes = list(np.atleast_1d(axes))
@@ -106,12 +115,15 @@ def plot_step_timeline(timeline: StepTimeline, path: Path) -> Path:
     if many:
         _heatmap(fig, axes[at], timeline)
         at += 1
+    if show_training:
+        _training(axes[at], timeline)
+        at += 1
     _tokens(axes[at], timeline.tokens)
     if show_requests:
         _requests(axes[at + 1], timeline)
     else:
         axes[at - 1].set_xlabel("seconds since the step began")
-    for ax in axes[: len(traces) + int(many)] + ([axes[-1]] if show_requests else []):
+    for ax in axes[: at] + ([axes[-1]] if show_requests else []):
         ax.set_xlim(0, timeline.step_end or 1.0)
     axes[0].set_title(timeline.title, fontsize=10)
     fig.tight_layout()
@@ -151,6 +163,20 @@ def _heatmap(fig, ax, timeline: StepTimeline) -> None:
     ax.axvline(timeline.round_end, color="black", ls="--", lw=1)
     ax.set_ylabel("engine", fontsize=8)
     fig.colorbar(image, ax=ax, pad=0.01, label="occupancy")
+
+
+def _training(ax, timeline: StepTimeline) -> None:
+    from rollpacker.driver.step_log import split_training
+
+    for k, (start, end, what) in enumerate(timeline.training):
+        color = "darkgreen" if not what.startswith("micro-batch") else TRAIN_COLORS[k % len(TRAIN_COLORS)]
+        ax.barh(0, end - start, left=start, color=color, height=0.8)
+    overlapped, exposed = split_training(timeline.training, timeline.round_end)
+    ax.axvline(timeline.round_end, color="black", ls="--", lw=1)
+    ax.set_yticks([])
+    ax.set_ylabel("trainer", fontsize=8)
+    ax.text(1.005, 0.5, f"{len(timeline.training)} jobs\noverlapped {overlapped:.1f} s\nexposed {exposed:.1f} s",
+            transform=ax.transAxes, fontsize=7, va="center")
 
 
 def _tokens(ax, tokens: Mapping[str, int]) -> None:

@@ -2,7 +2,7 @@
 
     RUN_DIR/metrics.jsonl          one JSON record per step (field names shared with `rollpacker simulate`)
     RUN_DIR/tensorboard/           TensorBoard events of every numeric metric
-    RUN_DIR/timeline.png           the last step: running requests against capacity, aborts, token split
+    RUN_DIR/timeline.png           the last step: running requests against capacity, aborts, the trainer's lane, token split
     RUN_DIR/summary.png            step times, tokens/s, wasted-token share and mean reward per step
     RUN_DIR/checkpoints/step_N/    HF-format checkpoint (safetensors + config + tokenizer)
     RUN_DIR/state/                 resumable state: trainer (DCP), scheduler (JSON), run config, and
@@ -213,7 +213,9 @@ class RunDir:
         from rollpacker.plots.timeline import EngineTrace, StepTimeline, plot_step_timeline
 
         round_end = record["rollout_s"]
-        end = max([record.get("step_s", 0.0), round_end] + [i.end or i.start for i in intervals])
+        training = tuple((start, stop, what) for start, stop, what in record.get("train_spans", ()))
+        end = max([record.get("step_s", 0.0), round_end] + [i.end or i.start for i in intervals]
+                  + [stop for _, stop, _ in training])
         tokens = {"kept": 0, "aborted": 0, "wasted": 0, "carried": 0}
         for i in intervals:
             if i.outcome in tokens:
@@ -225,7 +227,7 @@ class RunDir:
             round_end=round_end, step_end=end,
             aborts=tuple((i.end, 0) for i in intervals if i.outcome == "aborted" and i.end is not None),
             tokens=tokens,
-            requests=tuple((i.start, i.end, i.outcome) for i in intervals))
+            requests=tuple((i.start, i.end, i.outcome) for i in intervals), training=training)
         return plot_step_timeline(timeline, self.path / "timeline.png")
 
     def plot_summary(self, records: list[dict] | None = None) -> Path:

@@ -43,7 +43,7 @@ def step_line(r: dict) -> str:
     failed = r.get("reward_failures", 0)
     return (
         f"step {r['step']:3d} {r['round']:6s} | rollout {r['rollout_s']:6.1f}s reward {r['reward_s']:5.1f}s "
-        f"train {r['train_s']:6.1f}s (hidden {r['hidden_train_s']:5.1f}s) | bubble {r['bubble_ratio']:.2f} | "
-        f"reward {r['mean_reward']:.3f}{f' ({failed} failed)' if failed else ''} | "
+        f"train {r['train_s']:6.1f}s (overlapped {r['train_overlapped_s']:5.1f}s, exposed {r['train_exposed_s']:5.1f}s) | "
+        f"bubble {r['bubble_ratio']:.2f} | reward {r['mean_reward']:.3f}{f' ({failed} failed)' if failed else ''} | "
         f"kept {r['kept_tokens']} / wasted {r['wasted_tokens']} tokens"
     )

@@ -225,6 +225,7 @@ class Session:
         return self.run_dir.save_hf_checkpoint(self.step, self.trainer.export_weights(), self.model_dir)
 
     def close(self) -> None:
+        self.loop.close()
         if isinstance(self.trainer, LeaderTrainer):
             self.trainer.stop()
         for part in (self.rewards, self.engine):
