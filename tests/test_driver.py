@@ -141,9 +141,11 @@ class LongMicroBatchTrainer(RecordingTrainer):
         super().__init__(calls, engine)
         self.clock, self.driver_thread = clock, threading.current_thread()
         self.round_over = threading.Event()
+        self.started = threading.Event()
 
     def forward_backward(self, batch):
         self.calls.append(("train starts at", self.clock.now()))
+        self.started.set()
         if threading.current_thread() is not self.driver_thread:
             assert self.round_over.wait(timeout=120), "the round never ended while training ran"
         self.clock.advance_to(self.clock.now() + 100.0)
@@ -173,6 +175,14 @@ def test_a_long_micro_batch_does_not_hold_the_round_it_ends_and_aborts_when_the_
         trainer.round_over.set()
 
     loop.live.end_round = round_ended
+    hand_over = loop.live.train
+
+    def train_started(command):  # the clock moves only once the worker took the micro-batch: no race
+        hand_over(command)        # with the worker thread's wake-up on the virtual clock
+        if threading.current_thread() is trainer.driver_thread and not trainer.started.is_set():
+            assert trainer.started.wait(timeout=60), "the worker never started the micro-batch"
+
+    loop.live.train = train_started
     record = loop.run_step()
     loop.close()
 
