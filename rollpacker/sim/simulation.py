@@ -36,6 +36,7 @@ from rollpacker.core import (
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.records import PromptKey, Sample
+from rollpacker.core.tp_planner import check_tp
 from rollpacker.core.reward_scheduler import RewardConfig, StartScoring
 from rollpacker.driver import DeadlinePassed, Driver, Input, ScorerAnswered, VirtualClock
 
@@ -55,6 +56,7 @@ class Simulation:
         self.config = config
         self.constants = c = constants or SimConstants()
         self.model = MODELS[config.model]
+        check_tp(self.model, c.hardware, config.gpus, config.tp, name="--tp")
         self.policy = config.build_policy()
         dataset = config.dataset_prompts or 16 * config.prompts
         self.workload = load_workload(config.workload, num_prompts=dataset, seed=config.seed,
