@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-REQUIRED = ["rollout_s", "reward_s", "train_s", "step_s", "bubble_ratio", "lower_bound_rollout_s",
+REQUIRED = ["rollout_s", "reward_s", "train_s", "step_s", "bubble_ratio", "lower_bound_rollout_s", "floor_s",
             "generated_tokens", "wasted_tokens", "trained_prompts", "pending_prompts", "lost_prompts",
             "duplicate_prompts", "offpolicy_tokens", "short_rounds", "long_rounds", "mean_kept_length",
             "mean_generated_length"]

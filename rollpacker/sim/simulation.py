@@ -43,6 +43,7 @@ from rollpacker.driver import DeadlinePassed, Driver, Input, ScorerAnswered, Vir
 from .config import SimConfig
 from .constants import MODELS, SimConstants
 from .engine import Instance, SimRequest
+from .floor import engine_floor
 from .metrics import StepMeter, totals
 from .stages import RewardModel, TrainModel
 from .workloads import MAX_PROMPT_TOKENS, load_workload
@@ -75,6 +76,8 @@ class Simulation:
                                tp=self.tp_rule)
         self.reward_model = RewardModel(c.reward, config.seed)
         self.train_model = TrainModel(c.train, self.model, config.gpus, c.train.peak_flops)
+        self.floor = engine_floor(self.model, c.hardware, config.gpus, c.engine.mem_fraction, self.max_context,
+                                  c.engine.max_running, c.spec)
         self.record_timeline = record_timeline
         self._build_instances(config.tp)
         self.clock = VirtualClock()
@@ -231,6 +234,7 @@ class Simulation:
 
     def train(self, cmd: TrainMicroBatch) -> None:
         self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)
+        self.meter.kept_segments.extend(ref.sample.segments for ref in cmd.samples)
         if self.constants.train.stream or self.meter.rollout_end is not None:
             self._train(cmd)
         else:

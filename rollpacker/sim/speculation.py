@@ -23,6 +23,7 @@ The acceptance rate is the embedded engine's, measured (`ACCEPTANCE`); another e
 
 from __future__ import annotations
 
+import attrs
 from attrs import field, frozen
 
 from rollpacker.core.cost_model import CostModel
@@ -72,3 +73,7 @@ class SpecConstants:
             return 1.0
         verify = (cost.t0 + cost.t1 * batch * (self.draft_tokens + 1)) / (cost.t0 + cost.t1 * batch)
         return min(1.0, verify / self.accepted_per_step())
+
+    def best_slowdown(self, cost: CostModel) -> float:
+        """The lowest slowdown speculation reaches on this engine (one row), whether or not it is on."""
+        return attrs.evolve(self, enabled=True, max_rows=max(self.max_rows, 1)).slowdown(cost, 1)
