@@ -94,6 +94,9 @@ class Simulation:
         self.held_batches: list[TrainMicroBatch] = []
         self.scoring: dict[str, int] = {}
         self.timelines: dict[int, dict] = {}
+        self.groups: dict[PromptKey, list] = {}
+        """The round's groups: prompt -> [requests launched, requests ended, live request ids]."""
+        self.group_of: dict[str, PromptKey] = {}
         self.step_start = 0.0
 
     @property
@@ -191,6 +194,7 @@ class Simulation:
             inst = self.instances[index]
             inst.advance_to(self.now)
             inst.admit()
+            inst.spec_share = self._finished_share(inst)
             inst.version += 1
             at = inst.next_event_time()
             if at is not None:
@@ -199,11 +203,29 @@ class Simulation:
             self.meter.occupancy(self.now, sum(i.batch for i in self.instances), self.instances)
         self.dirty = set()
 
+    def _finished_share(self, inst: Instance) -> float:
+        """Mean share of finished siblings over the instance's running requests, when it may speculate."""
+        spec = self.constants.spec
+        if not spec.enabled or not 0 < inst.batch <= spec.max_rows:
+            return 0.0
+        shares = []
+        for rid in inst.running:
+            group = self.groups.get(self.group_of.get(rid))
+            shares.append(min(1.0, group[1] / max(group[0] - 1, 1)) if group else 0.0)
+        return sum(shares) / len(shares)
+
     def _ended(self, rid: str) -> None:
         inst = self.where.pop(rid)
         req = self.live.pop(rid)
         self.meter.request_ended(req)
-        del inst
+        group = self.groups.get(self.group_of.pop(rid, None))
+        if group is not None:
+            group[1] += 1
+            group[2].discard(rid)
+            for sibling in group[2]:  # their drafter has more to copy from: a new segment
+                where = self.where[sibling]
+                if where is not inst and where.batch <= self.constants.spec.max_rows:
+                    self.dirty.add(where.index)
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -263,6 +285,10 @@ class Simulation:
         self.live[cmd.request_id] = req
         self.launched_keys.add(cmd.prompt)
         self.dirty.add(inst.index)
+        group = self.groups.setdefault(cmd.prompt, [0, 0, set()])
+        group[0] += 1
+        group[2].add(cmd.request_id)
+        self.group_of[cmd.request_id] = cmd.prompt
 
     def _abort(self, rid: str) -> None:
         inst = self.where.get(rid)
@@ -287,6 +313,8 @@ class Simulation:
         # rollout is over when every instance is idle, not at the abort.
         self.meter.round_ended(cmd, max([self.now] + [inst.time for inst in self.instances]))
         keep = set(cmd.carried_requests)
+        self.groups = {}  # a new round's groups (a carried request drafts as if no sibling had finished)
+        self.group_of = {}
         self.root = {r: v for r, v in self.root.items() if r in keep}
         self.totals = {r: v for r, v in self.totals.items() if r in keep or r in self.root.values()}
         for batch in self.held_batches:
