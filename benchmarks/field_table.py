@@ -62,42 +62,50 @@ SETTINGS = {
 }
 WORKLOADS = [("servegen-r1", 0.9), ("servegen-r1", 0.5), ("synthetic-bimodal", 0.9)]
 DATASET = 512
-READING = """Reading the tables (simulator only; the reward is a stand-in; figures from the run of 2026-11-23,
-10 steps, seed 11):
+def reading(results: dict) -> str:
+    """The prose under the targets, every figure computed from `results` (medians over seeds)."""
+    def m(block, label, key="mean_rollout_s"):
+        return med(results[block + (label,)], key)
 
-- The lever is speculation in the tail, not the schedule: *ours (fixed TP)* is RollPacker tail with the
-  same rounds and the same kept samples, and is 1.2-2.0x faster than it on every row, because a long
-  round spends most of its time with a few requests per instance, where decode is memory-bound and a
-  verify step of 5 tokens costs about one plain step.  Its effect scales with the acceptance: 0.55 per
-  drafted token (1.11 accepted drafts per verify step), below the embedded engine's best measured
-  figure (1.27 per verify with finished siblings to draft from, one running row) and well above its
-  worst (0.1-0.27 per verify with every sibling still running: 4-16 rows); `--set spec.acceptance=`
-  replays another figure (32k 64x7B, ours-best at 0.2: 22.0 s/step, 7.1x sync; at 0.55: 17.3 s).  Sync gains from it too (*sync + speculation* is 1.7-2.05x sync), so part
-  of ours-best's lead over the baselines is the engine, not the schedule; against sync + speculation,
-  ours-best is 1.7-2.5x on servegen (artifact config, 8k/16k/32k, both `between`) and 4.3-4.4x at
-  32k 64x7B, and it loses on synthetic-bimodal at 16k and 32k (134.1 vs 126.2 s, 335.9 vs 311.9 s
-  per step): there a quarter of each step's prompts are hard, tail batching defers them into long
-  rounds of nothing but near-cap requests, and sync with speculation runs them mixed with short ones.
-- Elastic TP (`--tp-mode plan`) pays on servegen (32k 64x7B: 9.08x vs 6.36x fixed TP) and costs
-  where every long round wants the same TP (synthetic-bimodal at 16k/32k): each TP change costs
-  `engine.tp_switch_s` = 10 s (an assumption).  So *ours-best* is not the best row everywhere:
-  *ours (fixed TP)* beats it on synthetic-bimodal at 16k and 32k.
-- Sibling-aware scheduling in the core (`defer_at`, `longest_first`) measured slower, so both are off by
-  default and not in ours-best: artifact config, tail 27.7 s/step vs 31.9 (`defer_at 0.9`) and 30.7
-  (`defer_at 0.8`): deferring groups early fills the long queue sooner and long rounds dominate;
-  32k 64x7B, tail 44.9 vs 47.6 with `longest_first` (seed 7, dataset 16 P), sorted 30.1 vs 32.0.
-- SortedRL has the shortest tails and the most tokens/s, but throws away 74-84% of what it generates
-  and trains the shortest answers first: the strongest length bias (kept 856 vs launched 1,990 tokens
-  at the artifact config), and it falls behind sync on synthetic-bimodal at 16k/32k.
-- Bias: sync keeps exactly what it launches.  Response-only over-sampling keeps the 8 shortest of 12
-  (kept 1,027 vs 1,243 tokens at between 0.9; 781 vs 1,285 at 0.5), raising the stand-in reward by
-  0.03-0.06.  For the tail family "launched" counts a deferred prompt's samples twice (once aborted in a
-  short round, once in its long round), so kept < launched there mixes the group bias with the
-  relaunch; prompt-only over-sampling (exactly R per group) still keeps shorter samples because the
-  long prompts' short-round launches are counted.  Speculation is lossless, so ours has tail's bias.
-- APRIL partial trains 44-73% of its tokens on-policy (staleness 1); every other policy 100%.
-- synthetic-bimodal (a quarter of the prompts hard, around half the cap): every policy gains less
-  (RollPacker tail 1.3-1.7x), since a quarter of each step's groups run near the cap whatever the schedule."""
+    def r(block, label, over):
+        return m(block, over) / m(block, label)
+
+    def span(values, fmt=".2f"):
+        return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+    blocks = sorted({k[:3] for k in results}, key=str)
+    serve = [b for b in blocks if b[0] == "servegen-r1"]
+    bimodal = [b for b in blocks if b[0] == "synthetic-bimodal"]
+    spec = [r(b, "ours (fixed TP)", "RollPacker tail") for b in blocks]
+    sync_spec = [r(b, "sync + speculation", "sync (veRL)") for b in blocks]
+    same = {b: r(b, OURS_BEST, "sync, same engine") for b in blocks}
+    beaten = [(b, label) for b in blocks for label in POLICIES
+              if label != OURS_BEST and m(b, label) < m(b, OURS_BEST)]
+    waste = [m(b, "SortedRL", "wasted_tokens") / m(b, "SortedRL", "generated_tokens") for b in blocks]
+    onpol = [m(b, "APRIL partial", "on_policy_fraction") for b in blocks]
+    out = ["Reading the tables (simulator only; the reward is a stand-in; every figure below is computed by "
+           "benchmarks/field_table.py from the tables, medians over seeds):", ""]
+    out.append(f"- Speculation in the tail, at the measured acceptance and only where the engine's rule turns it "
+               f"on (<= {SPEC.spec.max_rows} rows an instance): *ours (fixed TP)* over RollPacker tail "
+               f"{span(spec)}x; *sync + speculation* over sync {span(sync_spec)}x.")
+    out.append(f"- Like for like, ours-best over *sync, same engine*: {span(list(same.values()))}x over all blocks "
+               f"(servegen-r1: {span([same[b] for b in serve])}x"
+               + (f"; synthetic-bimodal: {span([same[b] for b in bimodal])}x" if bimodal else "") + ").")
+    if beaten:
+        out.append("- Rows faster than ours-best: " + "; ".join(
+            f"{b[2]} ({b[0]}{', between ' + str(b[1]) if b[0] == 'servegen-r1' else ''}): {label} "
+            f"{m(b, label):.1f} vs {m(b, OURS_BEST):.1f} s" for b, label in beaten) + ".")
+    tp = [r(b, OURS_BEST, "ours (fixed TP)") for b in blocks]
+    out.append(f"- Elastic TP (`--tp-mode plan`, valid sizes only) over the setting's fixed TP, both with "
+               f"speculation: {span(tp)}x (each switch costs `engine.tp_switch_s` = 10 s, an assumption).")
+    out.append(f"- SortedRL throws away {span(waste, '.0%')} of what it generates and trains the shortest answers "
+               f"first: the strongest length bias (kept / launched length in each table).  APRIL partial trains "
+               f"{span(onpol)} of its tokens on-policy (staleness 1); every other policy 1.00.")
+    out.append("- Bias: sync keeps exactly what it launches; response-only over-sampling keeps the 8 shortest of 12; "
+               "for the tail family \"launched\" counts a deferred prompt's samples twice (aborted in a short round, "
+               "relaunched in its long round).  Speculation is lossless, so the same-engine rows have their policy's "
+               "bias.")
+    return "\n".join(out)
 
 
 def whole_periods(steps: list[dict]) -> list[dict]:
@@ -223,13 +231,15 @@ def verdicts(results: dict) -> list[str]:
                    f"sync of each seed: {'met' if ok else 'missed'}.")
     if ("servegen-r1", 0.9, "artifact 8k", OURS_BEST) in results:
         parts, ok = [], True
-        for between in (0.9, 0.5):
+        for between in (0.9, 0.5, ARTIFACT_BETWEEN):
+            if ("servegen-r1", between, "artifact 8k", OURS_BEST) not in results:
+                continue
             ahead = per_seed("servegen-r1", between, "artifact 8k", OURS_BEST, "response-only, same engine")
             best = per_seed("servegen-r1", between, "artifact 8k", OURS_BEST, "best sync")
             ok = ok and float(np.median(ahead)) > 1.0
             parts.append(f"between {between}: {spread(ahead, '.2f')}x response-only same engine, "
                          f"{spread(best, '.2f')}x best sync")
-        out.append(f"- **artifact config: ours-best ahead of response-only on the same engine at both `between`** "
+        out.append(f"- **artifact config: ours-best ahead of response-only on the same engine at every `between`** "
                    f"(median): {'; '.join(parts)}: {'met' if ok else 'missed'}.")
     bad = [k for k, runs in results.items() if any(t["lost_prompts"] or t["duplicate_prompts"] for t in runs)]
     out.append(f"- **nothing lost, nothing doubled, every policy, workload and seed**: "
@@ -239,12 +249,55 @@ def verdicts(results: dict) -> list[str]:
 
 HEADLINE = ("artifact 8k", "32k 64x7B")
 """Settings of the targets: run over --seeds (servegen-r1); every other block over --other-seeds."""
+ARTIFACT = {"sync (veRL)": 79.0, "RollPacker tail": 34.0, "response-only over-sampling": 36.0}
+"""RollPacker's published artifact figures, s/step (Qwen2.5-7B, 8k, 8 GPUs TP1, P=32 R=8; H800)."""
+ARTIFACT_BETWEEN = 0.15
+"""The `between` at which the simulator's artifact-config ratios (veRL over tail, response-only over tail)
+come closest to the published ones (the sweep in `calibration`); an extra artifact block runs at it."""
+SWEEP = (0.0, 0.1, 0.15, 0.2, 0.3, 0.5, 0.9)
+CALIBRATION = """What makes response-only lose so much more here than in the artifact is the workload model, not the
+latency model.  Response-only over-sampling keeps the first 8 of 12 responses of every prompt and waits
+for every prompt: it cuts the step only when the long responses are a random minority within each group.
+With `between` = 0.9 (the simulator's default for servegen-r1: 90% of the variance of log length lies
+between prompts) a prompt whose effect is long has all 12 responses long, the 8th shortest is long too,
+and response-only is barely faster than sync; tail batching defers whole prompts, so it does not care.
+The table shows the published shape (response-only within a few percent of RollPacker, both about 2.2x
+veRL) at `between` 0.1-0.15: RollPacker's data puts most of its length variance within prompts.  We do
+not know the artifact's per-prompt lengths, so the default stays 0.9 (our multi-sample data) and the
+artifact blocks also run at `ARTIFACT_BETWEEN` (fit to the published ratios, not to our targets).  The
+remaining gap is the absolute level: the simulated veRL step is shorter than the artifact's (table above;
+simulated H100 against measured H800, and the latency model leaves out sampling, detokenising, scheduling
+and the framework's own overheads per step); it is not fitted."""
 
 
 def blocks_for(settings: list[str], seeds: list[int], other_seeds: list[int]) -> list[tuple]:
-    return [(workload, between, setting,
-             seeds if workload == "servegen-r1" and setting in HEADLINE else other_seeds)
-            for workload, between in WORKLOADS for setting in settings]
+    blocks = [(workload, between, setting,
+               seeds if workload == "servegen-r1" and setting in HEADLINE else other_seeds)
+              for workload, between in WORKLOADS for setting in settings]
+    if "artifact 8k" in settings:
+        blocks.insert(2, ("servegen-r1", ARTIFACT_BETWEEN, "artifact 8k", seeds))
+    return blocks
+
+
+def calibration(steps: int, seeds: list[int], jobs: int) -> list[str]:
+    """The artifact config's three policies on the plain engine, by `between`, beside the published figures."""
+    labels = list(ARTIFACT)
+    work = [(("servegen-r1", b, "artifact 8k", label), seed, None, steps) for b in SWEEP for label in labels
+            for seed in seeds]
+    got: dict = {}
+    with multiprocessing.Pool(jobs) as pool:
+        for key, seed, t in pool.imap_unordered(_job, work):
+            got.setdefault(key, []).append(t["mean_rollout_s"])
+    pub = ARTIFACT
+    lines = ["| source | between | veRL / sync s | RollPacker tail s | response-only s | sync / tail | "
+             "response-only / tail |", "|---|---|---|---|---|---|---|",
+             f"| RollPacker artifact (published, H800) | - | {pub[labels[0]]:.0f} | {pub[labels[1]]:.0f} | "
+             f"{pub[labels[2]]:.0f} | {pub[labels[0]] / pub[labels[1]]:.2f} | {pub[labels[2]] / pub[labels[1]]:.2f} |"]
+    for b in SWEEP:
+        m = [float(np.median(got[("servegen-r1", b, "artifact 8k", label)])) for label in labels]
+        lines.append(f"| simulator (H100), median seeds {seeds[0]}-{seeds[-1]} | {b} | {m[0]:.1f} | {m[1]:.1f} | "
+                     f"{m[2]:.1f} | {m[0] / m[1]:.2f} | {m[2] / m[1]:.2f} |")
+    return lines
 
 
 def main() -> None:
@@ -275,7 +328,8 @@ resume next step (staleness 1); *SortedRL* = on-policy grouped loading (n = 4). 
 plain engine at the setting's TP.  The *same engine* rows run the same policy on ours-best's engine:
 speculative decoding in the tail (on only where the engine's own rule turns it on, at most
 `spec.max_rows` = {spec.max_rows} running requests per instance, at the acceptance measured by
-benchmarks/spec_acceptance.py, see rollpacker/sim/speculation.py) and cost-model TP per round
+benchmarks/spec_acceptance.py, see rollpacker/sim/speculation.py; that a 135M model's acceptance on
+short reasoning answers holds for a 7B model at 8k-32k is an assumption) and cost-model TP per round
 (`--tp-mode plan`, valid TP sizes only, `engine.tp_switch_s` = 10 s per switch, an assumption).
 *ours-best* = RollPacker tail on that engine; *ours (fixed TP)* = the same at the setting's TP.
 *sync + speculation* = sync with speculation at the setting's TP; *sync, best static TP + speculation* =
@@ -295,7 +349,14 @@ ratios and rollout / floor are "median (min-max)" over seeds; the other columns 
 Targets:
 {chr(10).join(verdicts(results))}
 
-{READING}
+{reading(results)}
+
+Calibration against RollPacker's artifact (the three policies on the plain engine at TP1, by the share of
+log-length variance between prompts, `between`; seeds {', '.join(map(str, args.other_seeds))}):
+
+{chr(10).join(calibration(args.steps, args.other_seeds, args.jobs))}
+
+{CALIBRATION}
 {chr(10).join(lines)}
 """
     if not args.print:
