@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import sys
 import time
 
 import attrs
@@ -324,7 +325,8 @@ def main() -> None:
     results = simulate_all(blocks, args.steps, args.jobs)
     lines = tables(blocks, results)
     spec = SPEC.spec
-    body = f"""Regenerate: `.venv/bin/python benchmarks/field_table.py` ({time.time() - t0:.0f} s here, {args.jobs} jobs;
+    command = " ".join(["benchmarks/field_table.py"] + [f"'{a}'" if " " in a else a for a in sys.argv[1:]])
+    body = f"""Regenerate: `.venv/bin/python {command}` ({time.time() - t0:.0f} s here, {args.jobs} jobs;
 {args.steps} steps, dataset {DATASET} prompts; means over whole periods of short + long rounds, then the median
 and range over seeds {args.seeds[0]}-{args.seeds[-1]} for servegen-r1 at the artifact and 32k 64x7B settings, seeds
 {', '.join(map(str, args.other_seeds))} elsewhere).  Simulated H100 seconds; latency model and constants in
