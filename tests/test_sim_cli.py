@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-REQUIRED = ["rollout_s", "reward_s", "train_s", "step_s", "bubble_ratio", "lower_bound_rollout_s",
+REQUIRED = ["rollout_s", "reward_s", "train_s", "step_s", "bubble_ratio", "lower_bound_rollout_s", "floor_s",
             "generated_tokens", "wasted_tokens", "trained_prompts", "pending_prompts", "lost_prompts",
             "duplicate_prompts", "offpolicy_tokens", "short_rounds", "long_rounds", "mean_kept_length",
             "mean_generated_length"]
@@ -79,6 +79,9 @@ def test_bad_input_fails_before_work(tmp_path):
         (["--set", "engine.nope=1"], "engine has no 'nope'"),
         (["--json", str(tmp_path / "missing" / "x.json")], "does not exist"),
         (["--model", "qwen2.5-32b", "--tp", "1", "--max-tokens", "32768"], "raise --tp"),
+        (["--tp", "8", "--instances", "2"], "--tp 8 is not a valid tensor-parallel size for Qwen2.5-7B "
+                                            "(28 attention heads, 4 KV heads)"),
+        (["--tp", "3", "--instances", "4"], "valid: 1, 2, 4"),
     ]
     for args, message in cases:
         proc = simulate(*args, "--no-progress")

@@ -35,6 +35,8 @@ def tight_kv(fraction: float) -> SimConstants:
 def check_run(result: dict, sim: Simulation) -> None:
     for rec in result["steps"]:
         assert rec["lower_bound_rollout_s"] <= rec["rollout_s"] * (1 + 1e-9)
+        assert 0.0 < rec["floor_s"] <= rec["rollout_s"] * (1 + 1e-9)
+        assert rec["floor_s"] == max(rec["floor_work_s"], rec["floor_path_s"])
         assert 0.0 <= rec["idle_ratio"] <= 1.0  # busy time <= wall time x instances
         assert 0.0 <= rec["bubble_ratio"] <= 1.0
         assert rec["reward_s"] >= 0 and rec["train_s"] >= 0
@@ -95,3 +97,17 @@ def test_paper_scale_32k_step_on_64_gpus():
     result = sim.run()
     check_run(result, sim)
     assert result["steps"][0]["trained_prompts"] == 128
+
+
+def test_floor_is_the_same_engine_for_every_policy_and_below_each():
+    """The floor does not move with the policy, its TP rule or speculation: sync at TP1 without
+    speculation and tail with planned TP and speculation share one (same model, same GPUs), and
+    every step of both is above it."""
+    base = dict(prompts=16, samples=4, max_tokens=8192, steps=4, seed=2, model="qwen2.5-7b")
+    spec = SimConstants()
+    spec = attrs.evolve(spec, spec=attrs.evolve(spec.spec, enabled=True))
+    plain = Simulation(SimConfig(policy="sync", instances=8, tp=1, **base))
+    best = Simulation(SimConfig(policy="tail", instances=2, tp=4, tp_mode="plan", **base), spec)
+    assert plain.floor == best.floor
+    for sim in (plain, best):
+        check_run(sim.run(), sim)

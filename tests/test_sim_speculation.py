@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import pytest
 from hypothesis import given
@@ -12,7 +14,7 @@ from rollpacker.core.cost_model import CostModel
 from rollpacker.sim import MODELS, SimConfig, SimConstants, Simulation
 from rollpacker.sim.bias import expected_reward
 from rollpacker.sim.constants import H100
-from rollpacker.sim.speculation import SpecConstants
+from rollpacker.sim.speculation import MEASURED, TABLE, SpecConstants, measured_table
 from test_sim_invariants import CheckedSimulation, check_run, tight_kv
 
 COST = CostModel(model=MODELS["qwen2.5-7b"], hardware=H100, tp=1, mem_fraction=0.85)
@@ -41,12 +43,55 @@ def test_slowdown_grows_with_the_batch(batch):
 
 def test_small_batch_speedup_matches_the_accepted_length():
     # at batch 1 a verify step of 5 tokens costs about one decode step: speed-up ~ accepted tokens
-    assert 1 / ON.slowdown(COST, 1) == pytest.approx(ON.accepted_per_step(), rel=0.05)
-    a = ON.acceptance
-    assert ON.accepted_per_step() == pytest.approx((1 - a ** 5) / (1 - a))
+    fixed = SpecConstants(enabled=True, acceptance=0.55)
+    assert 1 / fixed.slowdown(COST, 1) == pytest.approx(fixed.accepted_per_step(), rel=0.05)
+    assert fixed.accepted_per_step() == pytest.approx((1 - 0.55 ** 5) / (1 - 0.55))
 
 
-@pytest.mark.parametrize("bad", [{"acceptance": 1.0}, {"acceptance": -0.1}, {"draft_tokens": -1}, {"max_rows": 1.5}])
+def test_default_is_the_measured_table_and_the_engines_own_row_limit():
+    """By default the simulator speculates as the engine does (at most SPEC_MAX_ROWS_CUDA = 4 rows)
+    and reads acceptance from the measured table by finished-sibling share."""
+    from rollpacker.backends.embedded.speculation import SPEC_MAX_ROWS_CUDA
+    table = measured_table()
+    assert ON.max_rows == SPEC_MAX_ROWS_CUDA and ON.acceptance == MEASURED
+    assert ON.slowdown(COST, SPEC_MAX_ROWS_CUDA + 1) == 1.0
+    for lo, _, accepted in table.buckets:
+        assert ON.accepted_per_step(lo) == pytest.approx(1.0 + accepted)
+    assert ON.best_slowdown(COST) == min(ON.slowdown(COST, 1, lo) for lo, _, _ in table.buckets)
+    data = json.loads(TABLE.read_text())
+    assert {"command", "prompts", "group", "requests", "caps", "model"} <= set(data)
+    assert set(data["caps"]) == {"512", "2048"}
+
+
+def test_a_missing_table_and_another_k_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the measured acceptance table"):
+        measured_table(tmp_path / "none.json")
+    with pytest.raises(ConfigError, match="spec.draft_tokens 8: the measured acceptance table is for 4"):
+        SpecConstants(draft_tokens=8)
+    assert SpecConstants(draft_tokens=8, acceptance=0.5).accepted_per_step() > 1.0
+
+
+class ShareProbe(CheckedSimulation):
+    """Records the finished-sibling share each speculating instance gets between segments."""
+
+    def _settle(self) -> None:
+        super()._settle()
+        self.shares = getattr(self, "shares", [])
+        self.shares += [(inst.batch, inst.spec_share) for inst in self.instances if inst.batch]
+
+
+def test_speculating_instances_see_their_siblings_finish():
+    """The tail of a round runs requests whose siblings have mostly finished: the share the
+    acceptance is read at rises to 1 there, and stays 0 where speculation is off (more rows)."""
+    config = SimConfig(policy="sync", prompts=8, samples=4, max_tokens=8192, steps=2, instances=2, seed=1)
+    sim = ShareProbe(config, with_spec(SimConstants()))
+    check_run(sim.run(), sim)
+    assert all(share == 0.0 for batch, share in sim.shares if batch > ON.max_rows)
+    small = [share for batch, share in sim.shares if batch <= ON.max_rows]
+    assert small and max(small) == 1.0 and all(0.0 <= s <= 1.0 for s in small)
+
+
+@pytest.mark.parametrize("bad", [{"acceptance": 1.0}, {"acceptance": -0.1}, {"acceptance": -2.0}, {"draft_tokens": -1}, {"max_rows": 1.5}])
 def test_bad_spec_constants_name_the_field(bad):
     with pytest.raises(ConfigError, match=f"spec.{next(iter(bad))}"):
         SpecConstants(**bad)
@@ -62,7 +107,11 @@ def test_speculation_keeps_invariants_and_only_speeds_up(policy, knobs):
     result = sim.run()
     check_run(result, sim)
     fast = result["total"]
-    assert fast["mean_rollout_s"] < plain["mean_rollout_s"]
+    # Speculation runs only at <= 4 rows an instance (the engine's rule): a round that the policy
+    # aborts before any instance gets there is no faster, never slower.
+    assert fast["mean_rollout_s"] <= plain["mean_rollout_s"]
+    if policy == "sync":
+        assert fast["mean_rollout_s"] < plain["mean_rollout_s"]
     if policy != "partial":  # lossless speculation keeps on-policy policies strictly on-policy
         assert fast["on_policy_fraction"] == plain["on_policy_fraction"] == 1.0
     assert fast["trained_prompts"] == plain["trained_prompts"] == 16 * 5

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from rollpacker.core import ConfigError, LaunchRequest, Scheduler, SetTensorParallel, TpRule, make_policy
 from rollpacker.core.cost_model import CostModel
-from rollpacker.core.tp_planner import OnlineTP, feasible_tps, plan_tp, predict_makespan
+from rollpacker.core.cost_model import ModelShape
+from rollpacker.core.tp_planner import OnlineTP, feasible_tps, plan_tp, predict_makespan, valid_tps
 from rollpacker.sim.constants import H100, MODELS
 
 
@@ -112,3 +113,46 @@ def test_fixed_tp_and_no_rule_never_ask_and_a_live_backend_refuses_a_change():
     live = LiveBackend(sched, None, None, None, None, VirtualClock())
     with pytest.raises(ConfigError, match="TpRule"):
         live.set_tensor_parallel(SetTensorParallel(2))
+
+
+def test_model_table_head_counts_and_their_valid_tps():
+    """num_attention_heads / num_key_value_heads of the model cards, and the TPs they allow."""
+    expect = {"qwen2.5-7b": (28, 4, [1, 2, 4]), "qwen2.5-14b": (40, 8, [1, 2, 4, 8]),
+              "qwen2.5-32b": (40, 8, [1, 2, 4, 8]), "llama3.1-8b": (32, 8, [1, 2, 4, 8])}
+    for name, (heads, kv, tps) in expect.items():
+        m = MODELS[name]
+        assert (m.heads, m.kv_heads) == (heads, kv)
+        assert valid_tps(m, H100, 64) == tps
+
+
+def test_plan_never_picks_tp8_for_qwen_7b():
+    """Qwen2.5-7B's 4 KV heads cannot be split 8 ways: the long 32k round that favours the largest
+    TP gets 4 (before the head rule, the planner named 8)."""
+    long = np.full(64, 32000.0)
+    choice = plan_tp(MODELS["qwen2.5-7b"], H100, 64, 0.85, long, 500, 34816)
+    assert choice.tp == 4 and 8 not in dict(choice.options)
+
+
+def test_rule_refuses_an_invalid_starting_tp():
+    with pytest.raises(ConfigError, match="tp 8 is not a valid tensor-parallel size for Qwen2.5-7B"):
+        TpRule(mode="fixed", tp=8, model=MODELS["qwen2.5-7b"], hardware=H100, gpus=64, mem_fraction=0.85,
+               max_context=10240, prompt_tokens=(100,), unseen_length=100.0)
+
+
+shapes = st.builds(
+    lambda kv, group, layers: ModelShape(name="m", hidden=128 * kv * group, layers=layers, heads=kv * group,
+                                         kv_heads=kv, head_dim=128, weight_bytes=layers * 0.5e9,
+                                         read_bytes=layers * 0.5e9),
+    st.integers(1, 12), st.integers(1, 8), st.integers(2, 64))
+
+
+@given(shapes, st.sampled_from([1, 2, 4, 8, 16, 24, 64]), st.lists(st.integers(1, 40000), min_size=1, max_size=64),
+       st.sampled_from([0.5, 0.85]))
+def test_no_plan_ever_names_an_invalid_tp(model, gpus, lengths, mem_fraction):
+    try:
+        choice = plan_tp(model, H100, gpus, mem_fraction, lengths, 300, max(lengths) + 300)
+    except ConfigError:
+        assert feasible_tps(model, H100, gpus, mem_fraction, max(lengths) + 300) == []
+        return
+    for tp in [choice.tp] + [tp for tp, _ in choice.options]:
+        assert model.heads % tp == 0 and model.kv_heads % tp == 0 and gpus % tp == 0 and tp <= H100.gpus_per_node

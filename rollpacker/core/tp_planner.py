@@ -2,8 +2,12 @@
 
 Two rules, both pure:
 
-`plan_tp` (model-based).  For each TP in `candidates` that divides the GPU count, fits in a node
-and leaves a KV pool that holds one full request, predict the round's makespan with the cost model
+A TP size is valid for a model only when it divides both its attention heads and its KV heads
+(each GPU holds whole heads: Qwen2.5-7B's 28 heads / 4 KV heads allow TP 1, 2, 4, not 8), fits in a
+node and divides the GPU count (`valid_tps`); no rule below ever names another size.
+
+`plan_tp` (model-based).  For each valid TP in `candidates` that leaves a KV pool that holds one
+full request, predict the round's makespan with the cost model
 (cost_model.py) and pick the smallest.  The prediction balances the round's requests over the
 instances (longest first, round robin), then integrates the decode step time of the busiest
 instance over its steps k = 0..max length:
@@ -68,12 +72,32 @@ def predict_makespan(cost: CostModel, lengths: np.ndarray, prompt_tokens: float,
     return float(np.sum(step * slow) * (top / grid) + prefill)
 
 
+def divides_heads(model: ModelShape, tp: int) -> bool:
+    """Whether `tp` GPUs can split `model`'s attention: whole query heads and whole KV heads each."""
+    return model.heads % tp == 0 and model.kv_heads % tp == 0
+
+
+def valid_tps(model: ModelShape, hardware: Hardware, gpus: int,
+              candidates: tuple[int, ...] = CANDIDATES) -> list[int]:
+    """The candidates that divide the heads and KV heads and the GPU count, within one node."""
+    return [tp for tp in candidates if tp <= hardware.gpus_per_node and gpus % tp == 0 and divides_heads(model, tp)]
+
+
+def check_tp(model: ModelShape, hardware: Hardware, gpus: int, tp: int, name: str = "tp") -> None:
+    """One clear error if `tp` is not a valid TP size for `model` on `gpus` GPUs (`name`: the field or flag)."""
+    valid = valid_tps(model, hardware, gpus, tuple(range(1, hardware.gpus_per_node + 1)))
+    if tp not in valid:
+        raise ConfigError(
+            f"{name} {tp} is not a valid tensor-parallel size for {model.name} ({model.heads} attention heads, "
+            f"{model.kv_heads} KV heads) on {gpus} GPUs ({hardware.gpus_per_node} a node): it must divide the heads, "
+            f"the KV heads and the GPU count; valid: {', '.join(map(str, valid)) or 'none'}")
+
+
 def feasible_tps(model: ModelShape, hardware: Hardware, gpus: int, mem_fraction: float,
                  max_context: int, candidates: tuple[int, ...] = CANDIDATES) -> list[int]:
+    """The valid TPs (`valid_tps`) whose KV pool holds one request of `max_context` tokens."""
     out = []
-    for tp in candidates:
-        if gpus % tp or tp > hardware.gpus_per_node:
-            continue
+    for tp in valid_tps(model, hardware, gpus, candidates):
         if CostModel(model=model, hardware=hardware, tp=tp, mem_fraction=mem_fraction).kv_capacity > max_context:
             out.append(tp)
     return out
@@ -85,7 +109,8 @@ def plan_tp(model: ModelShape, hardware: Hardware, gpus: int, mem_fraction: floa
     tps = feasible_tps(model, hardware, gpus, mem_fraction, max_context, candidates)
     if not tps:
         raise ConfigError(
-            f"{model.name} does not fit on {gpus} GPUs at any TP in {candidates} with mem_fraction "
+            f"{model.name} does not fit on {gpus} GPUs at any valid TP in {candidates} (dividing its "
+            f"{model.heads} heads and {model.kv_heads} KV heads) with mem_fraction "
             f"{mem_fraction} and {max_context} tokens of context per request"
         )
     options = []
@@ -151,6 +176,9 @@ class TpRule:
     """Prompt length of every dataset prompt, by index."""
     unseen_length: float
     """Predicted response length of a prompt with no history yet."""
+
+    def __attrs_post_init__(self) -> None:
+        check_tp(self.model, self.hardware, self.gpus, self.tp)
 
     def feasible(self) -> list[int]:
         return feasible_tps(self.model, self.hardware, self.gpus, self.mem_fraction, self.max_context)

@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         plot_run(result, sim.timelines, step, args.plot)
     t = result["total"]
     print(f"{config.policy}: {t['steps']} steps, rollout {t['mean_rollout_s']:.1f} s/step "
-          f"({t['rollout_over_lower_bound']:.2f}x lower bound), bubble {t['bubble_ratio']:.1%}, "
+          f"({t['rollout_over_floor']:.2f}x the floor), bubble {t['bubble_ratio']:.1%}, "
           f"lost {t['lost_prompts']}, duplicate {t['duplicate_prompts']}", file=sys.stderr)
     return 0
 

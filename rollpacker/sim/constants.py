@@ -37,6 +37,9 @@ H100 = Hardware(
 )
 
 # -- models (shapes from the Hugging Face config.json files) -----------------
+# heads / kv_heads (num_attention_heads / num_key_value_heads) also fix the valid TP sizes: a TP must
+# divide both (core/tp_planner.py `valid_tps`).  Qwen2.5-7B 28 / 4 -> TP 1, 2, 4; Qwen2.5-14B and
+# -32B 40 / 8 -> TP 1, 2, 4, 8; Llama-3.1-8B 32 / 8 -> TP 1, 2, 4, 8.
 MODELS = {
     "qwen2.5-7b": ModelShape(name="Qwen2.5-7B", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
                              weight_bytes=15.2 * GB, read_bytes=14.1 * GB),

@@ -91,6 +91,9 @@ class Instance:
     intervals: list | None = None
     spec: SpecConstants = field(factory=SpecConstants)
     """Speculative decoding in the tail: scales the time per token when the batch is small."""
+    spec_share: float = 0.0
+    """Mean share of the running requests' siblings that have finished (what the drafter copies from);
+    the simulation sets it between segments."""
 
     def __attrs_post_init__(self) -> None:
         self.capacity = self.cost.kv_capacity
@@ -107,14 +110,17 @@ class Instance:
     def _elapsed(self, k: float) -> float:
         c = self.cost
         b = self.batch
-        return (k * c.step_time(b, self.kv_at(self.step)) + c.t2 * b * k * k / 2) * self.spec.slowdown(c, b)
+        return (k * c.step_time(b, self.kv_at(self.step)) + c.t2 * b * k * k / 2) * self.slowdown()
+
+    def slowdown(self) -> float:
+        return self.spec.slowdown(self.cost, self.batch, self.spec_share)
 
     def _steps_in(self, dt: float) -> float:
         if dt <= 0 or not self.running:
             return 0.0
         c = self.cost
         b = self.batch
-        dt = dt / self.spec.slowdown(c, b)
+        dt = dt / self.slowdown()
         lin = c.step_time(b, self.kv_at(self.step))
         a = c.t2 * b / 2
         if a <= 0:

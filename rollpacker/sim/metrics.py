@@ -11,7 +11,7 @@ from .bias import BIAS_SUMS, bias_means, bias_record
 TAIL_SHARE = 0.1
 """Tail latency: the time the last 10% of a round's finished requests take (Seer's definition)."""
 
-SUMMED = ("rollout_s", "reward_s", "train_s", "step_s", "tp_switch_s", "lower_bound_rollout_s",
+SUMMED = ("rollout_s", "reward_s", "train_s", "step_s", "tp_switch_s", "lower_bound_rollout_s", "floor_s",
           "generated_tokens", "kept_tokens", "wasted_tokens", "carried_tokens", "offpolicy_tokens",
           "trained_prompts", "deferred_prompts", "launched_requests", "retried_requests", "short_rounds",
           "long_rounds", "preemptions", "reward_timeouts", "train_busy_s", "tail_s") + BIAS_SUMS
@@ -36,6 +36,7 @@ class StepMeter:
         self.tp, self.switch_s = 1, 0.0
         self.finish_times: list[float] = []
         self.kept_lengths: list[int] = []
+        self.kept_segments: list = []
         self.launched_lengths: list[int] = []
 
     def occupancy(self, now: float, running: int, instances) -> None:
@@ -60,6 +61,15 @@ class StepMeter:
             return 0.0
         return self.rollout_end - float(np.quantile(self.finish_times, 1.0 - TAIL_SHARE))
 
+    def kept_new_tokens(self) -> tuple[int, int]:
+        """(tokens, longest response) of the kept samples, counting only this step's segments (the
+        newest policy version: a resumed response's older segments were generated in earlier steps)."""
+        if not self.kept_segments:
+            return 0, 0
+        version = max(seg.policy_version for segs in self.kept_segments for seg in segs)
+        new = [sum(seg.num_tokens for seg in segs if seg.policy_version == version) for segs in self.kept_segments]
+        return sum(new), max(new)
+
     def aborted(self, instance: int, at: float, tokens: int) -> None:
         self.aborts.append((instance, at, tokens))
 
@@ -83,9 +93,12 @@ class StepMeter:
         reward_done = max(rollout_end, self.last_reward)
         cost, n = sim.cost, len(sim.instances)
         b_max = max(self.peak_running, 1)
+        # lower_bound_*: the round's own work at its own TP and peak batch (not a floor: it moves with
+        # the policy's configuration); floor_*: the policy-independent floor of floor.py.
         spec = sim.constants.spec.slowdown(cost, 1)  # speculation's best case (1.0 when off)
         work_lb = self.report.generated_tokens * (cost.t1 + cost.t0 / b_max) / n * spec
         path_lb = self.longest * (cost.t0 + cost.t1) * spec
+        floor_work, floor_path = sim.floor.bound(*self.kept_new_tokens())
         busy = sum(i.busy_s for i in sim.instances)
         if sim.record_timeline:
             sim.timelines[self.report.step] = {
@@ -106,6 +119,9 @@ class StepMeter:
             lower_bound_rollout_s=max(work_lb, path_lb),
             lower_bound_work_s=work_lb,
             lower_bound_path_s=path_lb,
+            floor_s=max(floor_work, floor_path),
+            floor_work_s=floor_work,
+            floor_path_s=floor_path,
             tp=self.tp,
             instances=n,
             preemptions=sum(i.preemptions for i in sim.instances),
@@ -134,6 +150,8 @@ def totals(steps: list[dict]) -> dict:
     out["mean_generated_length"] = (
         sum(s["mean_generated_length"] * s["launched_requests"] for s in steps) / ended if ended else 0.0)
     out["rollout_over_lower_bound"] = rollout / out["lower_bound_rollout_s"] if out["lower_bound_rollout_s"] else 0.0
+    out["rollout_over_floor"] = rollout / out["floor_s"] if out["floor_s"] else 0.0
+    out["mean_floor_s"] = out["floor_s"] / len(steps) if steps else 0.0
     out["mean_rollout_s"] = rollout / len(steps) if steps else 0.0
     out["mean_step_s"] = out["step_s"] / len(steps) if steps else 0.0
     out["tokens_per_s"] = out["generated_tokens"] / rollout if rollout else 0.0

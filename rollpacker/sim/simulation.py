@@ -36,12 +36,14 @@ from rollpacker.core import (
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.records import PromptKey, Sample
+from rollpacker.core.tp_planner import check_tp
 from rollpacker.core.reward_scheduler import RewardConfig, StartScoring
 from rollpacker.driver import DeadlinePassed, Driver, Input, ScorerAnswered, VirtualClock
 
 from .config import SimConfig
 from .constants import MODELS, SimConstants
 from .engine import Instance, SimRequest
+from .floor import engine_floor
 from .metrics import StepMeter, totals
 from .stages import RewardModel, TrainModel
 from .workloads import MAX_PROMPT_TOKENS, load_workload
@@ -55,6 +57,7 @@ class Simulation:
         self.config = config
         self.constants = c = constants or SimConstants()
         self.model = MODELS[config.model]
+        check_tp(self.model, c.hardware, config.gpus, config.tp, name="--tp")
         self.policy = config.build_policy()
         dataset = config.dataset_prompts or 16 * config.prompts
         self.workload = load_workload(config.workload, num_prompts=dataset, seed=config.seed,
@@ -73,6 +76,8 @@ class Simulation:
                                tp=self.tp_rule)
         self.reward_model = RewardModel(c.reward, config.seed)
         self.train_model = TrainModel(c.train, self.model, config.gpus, c.train.peak_flops)
+        self.floor = engine_floor(self.model, c.hardware, config.gpus, c.engine.mem_fraction, self.max_context,
+                                  c.engine.max_running, c.spec)
         self.record_timeline = record_timeline
         self._build_instances(config.tp)
         self.clock = VirtualClock()
@@ -89,6 +94,9 @@ class Simulation:
         self.held_batches: list[TrainMicroBatch] = []
         self.scoring: dict[str, int] = {}
         self.timelines: dict[int, dict] = {}
+        self.groups: dict[PromptKey, list] = {}
+        """The round's groups: prompt -> [requests launched, requests ended, live request ids]."""
+        self.group_of: dict[str, PromptKey] = {}
         self.step_start = 0.0
 
     @property
@@ -186,6 +194,7 @@ class Simulation:
             inst = self.instances[index]
             inst.advance_to(self.now)
             inst.admit()
+            inst.spec_share = self._finished_share(inst)
             inst.version += 1
             at = inst.next_event_time()
             if at is not None:
@@ -194,11 +203,29 @@ class Simulation:
             self.meter.occupancy(self.now, sum(i.batch for i in self.instances), self.instances)
         self.dirty = set()
 
+    def _finished_share(self, inst: Instance) -> float:
+        """Mean share of finished siblings over the instance's running requests, when it may speculate."""
+        spec = self.constants.spec
+        if not spec.enabled or not 0 < inst.batch <= spec.max_rows:
+            return 0.0
+        shares = []
+        for rid in inst.running:
+            group = self.groups.get(self.group_of.get(rid))
+            shares.append(min(1.0, group[1] / max(group[0] - 1, 1)) if group else 0.0)
+        return sum(shares) / len(shares)
+
     def _ended(self, rid: str) -> None:
         inst = self.where.pop(rid)
         req = self.live.pop(rid)
         self.meter.request_ended(req)
-        del inst
+        group = self.groups.get(self.group_of.pop(rid, None))
+        if group is not None:
+            group[1] += 1
+            group[2].discard(rid)
+            for sibling in group[2]:  # their drafter has more to copy from: a new segment
+                where = self.where[sibling]
+                if where is not inst and where.batch <= self.constants.spec.max_rows:
+                    self.dirty.add(where.index)
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -229,6 +256,7 @@ class Simulation:
 
     def train(self, cmd: TrainMicroBatch) -> None:
         self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)
+        self.meter.kept_segments.extend(ref.sample.segments for ref in cmd.samples)
         if self.constants.train.stream or self.meter.rollout_end is not None:
             self._train(cmd)
         else:
@@ -257,6 +285,10 @@ class Simulation:
         self.live[cmd.request_id] = req
         self.launched_keys.add(cmd.prompt)
         self.dirty.add(inst.index)
+        group = self.groups.setdefault(cmd.prompt, [0, 0, set()])
+        group[0] += 1
+        group[2].add(cmd.request_id)
+        self.group_of[cmd.request_id] = cmd.prompt
 
     def _abort(self, rid: str) -> None:
         inst = self.where.get(rid)
@@ -281,6 +313,8 @@ class Simulation:
         # rollout is over when every instance is idle, not at the abort.
         self.meter.round_ended(cmd, max([self.now] + [inst.time for inst in self.instances]))
         keep = set(cmd.carried_requests)
+        self.groups = {}  # a new round's groups (a carried request drafts as if no sibling had finished)
+        self.group_of = {}
         self.root = {r: v for r, v in self.root.items() if r in keep}
         self.totals = {r: v for r, v in self.totals.items() if r in keep or r in self.root.values()}
         for batch in self.held_batches:

@@ -13,25 +13,43 @@ estimate).  So a token costs
 
 times a plain decode token.  The context term (t2 * C) is left out of both sides: attention reads
 the KV cache once per verify step, so leaving it out overstates the verify cost (conservative).
-Speculation is on when b <= `max_rows` and slowdown(b) < 1 (TLT / DAS switch it on only when the
-running batch is small); the output distribution is the model's (lossless), so every token stays
+Speculation is on when b <= `max_rows` (the engine's own rule, `spec_max_rows`: 4 rows per
+instance by default) and slowdown(b) < 1; the output distribution is the model's (lossless), so every token stays
 on-policy.
 
-The acceptance rate is the embedded engine's, measured (`ACCEPTANCE`); another engine's measured
-`speculation_stats` may replace it: `--set spec.acceptance=0.6`.
+Acceptance is measured, not assumed: `benchmarks/spec_acceptance.py` generated groups of the default
+tasks to completion with SmolLM2-135M-Instruct and replayed the engine's own n-gram drafter over
+them (rollpacker/data/spec_acceptance.json, which records its command and sizes).  The simulator
+reads its accepted drafts per verify step (a verify that found no draft counts 0) by the share of a
+running request's siblings that have finished (their text is what the drafter copies from), at the
+longest cap measured, so E = 1 + accepted(share).  `--set spec.acceptance=A` replaces the table with a
+constant per-token rate A and the independent-acceptance estimate above: an assumption, as is
+applying a 135M model's table to a 7B-32B model's answers of up to 32k tokens (longer answers and
+larger models repeat themselves differently; the papers report 2-4 tokens per verify step for
+theirs, above what we measured).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+
+import attrs
 from attrs import field, frozen
 
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
 
+TABLE = Path(__file__).resolve().parents[1] / "data" / "spec_acceptance.json"
+MEASURED = -1.0
+"""`acceptance` value that selects the measured table."""
+
 
 def _rate(instance, attribute, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-        raise ConfigError(f"spec.{attribute.name} must be a number in [0, 1), got {value!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0.0 <= value < 1.0 or value == MEASURED):
+        raise ConfigError(f"spec.{attribute.name} must be a number in [0, 1) (or {MEASURED}: the measured table), "
+                          f"got {value!r}")
 
 
 def _count(instance, attribute, value) -> None:
@@ -39,36 +57,71 @@ def _count(instance, attribute, value) -> None:
         raise ConfigError(f"spec.{attribute.name} must be an integer >= 0, got {value!r}")
 
 
-ACCEPTANCE = 0.55
-"""Per-token acceptance of sibling / n-gram drafts, measured: the embedded engine on real rollouts of
-the default tasks (SmolLM2-135M-Instruct, temperature 1, groups of 4, 4 drafts, one running row;
-`benchmarks/spec_decode.py`, RESULTS.md "Speculative decoding in the tail") accepted 1.27 drafts
-per verify step with finished siblings to draft from (one running row: a + a^2 + a^3 + a^4 = 1.27
-gives a = 0.59), and 0.1-0.27 with every sibling of the group still running (4-16 rows).  A long
-round's tail is the first case (most siblings have finished), so 0.55 (1.11 accepted per verify
-step, 2.11 tokens) stands a little below that measured figure.  The cited papers report 2-4 tokens
-per verify step for larger models and longer answers (Seer, grouped SD; TLT / DAS)."""
+@frozen
+class AcceptanceTable:
+    draft_tokens: int
+    """k of the measurement (the engine's spec_tokens)."""
+    buckets: tuple[tuple[float, float, float], ...]
+    """(finished-sibling share from, to, accepted drafts per verify step)."""
+
+    def accepted(self, share: float) -> float:
+        for lo, hi, value in self.buckets:
+            if lo <= share < hi:
+                return value
+        return self.buckets[-1][2] if share >= self.buckets[-1][0] else self.buckets[0][2]
+
+
+@functools.cache
+def measured_table(path: Path = TABLE) -> AcceptanceTable:
+    """The table of benchmarks/spec_acceptance.py at its longest cap (one clear error if it is missing)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        cap = max(data["caps"], key=int)
+        rows = data["caps"][cap]["by_finished_share"]
+        buckets = tuple((float(r["from"]), float(r["to"]), float(r["accepted_per_verify"])) for r in rows
+                        if r["accepted_per_verify"] is not None)
+        return AcceptanceTable(int(data["spec_tokens"]), buckets)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{path}: cannot read the measured acceptance table ({exc}); regenerate it with "
+                          "benchmarks/spec_acceptance.py or --set spec.acceptance=RATE") from None
 
 
 @frozen(kw_only=True)
 class SpecConstants:
     enabled: bool = False
     """Model speculative decoding in the tail (`--set spec.enabled=true`, or ours-best)."""
-    acceptance: float = field(default=ACCEPTANCE, validator=_rate)
-    """Per-token acceptance rate of a drafted token."""
+    acceptance: float = field(default=MEASURED, validator=_rate)
+    """-1: the measured table (accepted drafts per verify by finished-sibling share); a rate in [0, 1):
+    a constant per-token acceptance (an assumption, replayed with the independent-acceptance estimate)."""
     draft_tokens: int = field(default=4, validator=_count)
     """k: tokens drafted per row and verify step (the embedded engine's `spec_tokens` default)."""
-    max_rows: int = field(default=32, validator=_count)
-    """Speculate only when at most this many requests run on the instance (assumption: TLT / DAS
-    enable it for small batches; the embedded engine's `spec_max_rows` is 4 on CPU)."""
+    max_rows: int = field(default=4, validator=_count)
+    """Speculate only when at most this many requests run on the instance: the embedded engine's own
+    rule, `spec_max_rows`, 4 on a GPU (`SPEC_MAX_ROWS_CUDA`)."""
 
-    def accepted_per_step(self) -> float:
+    def __attrs_post_init__(self) -> None:
+        if self.acceptance == MEASURED and self.draft_tokens not in (0, measured_table().draft_tokens):
+            raise ConfigError(f"spec.draft_tokens {self.draft_tokens}: the measured acceptance table is for "
+                              f"{measured_table().draft_tokens} drafts; set spec.acceptance=RATE to model another k")
+
+    def accepted_per_step(self, share: float = 0.0) -> float:
+        """Tokens a row emits per verify step (accepted drafts + 1), `share` of its siblings finished."""
+        if self.acceptance == MEASURED:
+            return 1.0 + measured_table().accepted(share)
         a, k = self.acceptance, self.draft_tokens
         return (1.0 - a ** (k + 1)) / (1.0 - a) if a > 0 else 1.0
 
-    def slowdown(self, cost: CostModel, batch: int) -> float:
+    def slowdown(self, cost: CostModel, batch: int, share: float = 0.0) -> float:
         """Time per generated token with speculation relative to plain decode (1.0: off)."""
         if not self.enabled or batch < 1 or batch > self.max_rows or self.draft_tokens == 0:
             return 1.0
         verify = (cost.t0 + cost.t1 * batch * (self.draft_tokens + 1)) / (cost.t0 + cost.t1 * batch)
-        return min(1.0, verify / self.accepted_per_step())
+        return min(1.0, verify / self.accepted_per_step(share))
+
+    def best_slowdown(self, cost: CostModel) -> float:
+        """The lowest slowdown speculation reaches on this engine (one row, its best measured share),
+        whether or not it is on."""
+        on = attrs.evolve(self, enabled=True, max_rows=max(self.max_rows, 1))
+        if self.acceptance != MEASURED:
+            return on.slowdown(cost, 1)
+        return min(on.slowdown(cost, 1, lo) for lo, _, _ in measured_table().buckets)
