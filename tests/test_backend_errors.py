@@ -54,6 +54,21 @@ def test_every_backend_error_is_one_family():
     assert not issubclass(ConfigError, BackendError) and not issubclass(SchedulerMisuse, BackendError)
 
 
+def first_results(engine, timeout_s: float = 30.0) -> list[GenerationResult]:
+    """Poll `engine` until results come (at most `timeout_s`); the results of that poll."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        results = [r for r in engine.poll(0.2) if isinstance(r, GenerationResult)]
+        if results:
+            return results
+    return []
+
+
+THREE_TOKENS = sse(result_chunk(GenerationResult("rp000000000007", (5, 6, 7), (-0.5,) * 3, "stop", 3, 0.0),
+                                prompt_tokens=3, latency_s=1.0, max_new_tokens=8))
+"""The final chunk of request 7's three-token answer."""
+
+
 class _RawServer:
     """A loopback TCP server that answers every connection with `payload` and hangs up."""
 
@@ -159,10 +174,7 @@ def test_a_32k_token_response_streamed_cumulatively_is_read_whole():
     try:
         with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=5) as eng:
             eng.submit([request(7)])
-            results: list = []
-            deadline = time.monotonic() + 30
-            while not results and time.monotonic() < deadline:
-                results = [r for r in eng.poll(0.2) if isinstance(r, GenerationResult)]
+            results = first_results(eng)
         assert len(results) == 1 and results[0].finish_reason == "length"
         assert results[0].token_ids == tuple(range(n)) and results[0].logprobs == (-0.25,) * n
     finally:
@@ -174,8 +186,7 @@ def test_a_line_that_arrives_slower_than_the_stall_timeout_is_read_whole():
     """Half a line, then silence past the stall timeout, then the rest: the stall only checks the
     server's health; the half already read is kept (a cancelled readline used to drop it, and the
     rest of the line was then a malformed chunk)."""
-    final = sse(result_chunk(GenerationResult("rp000000000007", (5, 6, 7), (-0.5,) * 3, "stop", 3, 0.0),
-                             prompt_tokens=3, latency_s=1.0, max_new_tokens=8))
+    final = THREE_TOKENS
 
     async def slow_line(request):
         resp = web.StreamResponse()
@@ -189,10 +200,7 @@ def test_a_line_that_arrives_slower_than_the_stall_timeout_is_read_whole():
     try:
         with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=0.5) as eng:
             eng.submit([request(7)])
-            results: list = []
-            deadline = time.monotonic() + 30
-            while not results and time.monotonic() < deadline:
-                results = [r for r in eng.poll(0.2) if isinstance(r, GenerationResult)]
+            results = first_results(eng)
             assert len(results) == 1 and results[0].finish_reason == "stop"
             assert results[0].token_ids == (5, 6, 7)
     finally:
@@ -260,8 +268,7 @@ def test_a_generate_whose_connection_cannot_open_yet_is_tried_again_not_aborted(
     """A /generate whose connection could not be opened never reached the server (it restarts, or
     its accept backlog overflowed in a connect storm): it is tried again with backoff, not returned
     as an abort nobody asked for."""
-    final = sse(result_chunk(GenerationResult("rp000000000007", (5, 6, 7), (-0.5,) * 3, "stop", 3, 0.0),
-                             prompt_tokens=3, latency_s=1.0, max_new_tokens=8))
+    final = THREE_TOKENS
 
     async def three_tokens(request):
         resp = web.StreamResponse()
@@ -278,10 +285,7 @@ def test_a_generate_whose_connection_cannot_open_yet_is_tried_again_not_aborted(
             eng.submit([request(7)])
             time.sleep(0.5)
             app = fake_sglang(three_tokens, port=app.port)
-            results: list = []
-            deadline = time.monotonic() + 30
-            while not results and time.monotonic() < deadline:
-                results = [r for r in eng.poll(0.2) if isinstance(r, GenerationResult)]
+            results = first_results(eng)
         assert [(r.finish_reason, r.token_ids) for r in results] == [("stop", (5, 6, 7))]
     finally:
         app.close()
