@@ -227,3 +227,20 @@ def test_the_public_api_lists_components_not_planner_internals():
         assert name not in core.__all__ and not hasattr(core, name)
     assert sorted(core.__all__) == sorted(set(core.__all__))
     assert all(hasattr(core, name) for name in core.__all__)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(st.tuples(st.floats(0.0, 5.0), st.sampled_from([+1, -1])), max_size=60))
+def test_occupancy_log_counts_running_requests_and_refuses_time_going_back(steps):
+    from rollpacker.core.metrics import Occupancy
+
+    log, at, running = Occupancy(), 0.0, 0
+    for gap, delta in steps:
+        at, running = at + gap, running + delta
+        log.change(at, delta)
+        assert log.times[-1] == at and log.running[-1] == running
+    assert len(log.times) == len(log.running) == len(steps)
+    assert log.bubble_ratio(8, at + 1.0) == bubble_ratio(log.times, log.running, 8, at + 1.0)
+    if steps:
+        with pytest.raises(ValueError, match="time went backwards"):
+            log.change(at - 1.0, +1)

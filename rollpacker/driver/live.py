@@ -171,7 +171,7 @@ class LiveBackend:
         self.tokens[result.request_id] = result
         now = self.clock.now()
         log = self._log
-        log.occupancy = log.occupancy.change(now - log.start, -1)
+        log.occupancy.change(now - log.start, -1)
         interval = log.intervals.get(result.request_id)
         if interval is not None:
             interval.end = now - log.start
@@ -198,7 +198,7 @@ class LiveBackend:
         for c, request in zip(commands, requests):
             log.intervals[c.request_id] = Interval(c.request_id, at, prompt=c.prompt.index, request=request,
                                                    resumes=tuple(seg.request_id for seg in c.resume))
-            log.occupancy = log.occupancy.change(at, +1)
+            log.occupancy.change(at, +1)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         self.engine.abort(list(request_ids))
