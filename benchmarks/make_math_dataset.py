@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollpacker.backends.data.rows import rows_from_problems
-from rollpacker.backends.data.tasks import make_problems
+from rollpacker.backends.data.tasks import make_problems, rows_from_problems
 
 MATH_TASKS = ("chain_sum", "basic_arithmetic", "gsm_symbolic")
 

@@ -229,8 +229,7 @@ class RunConfig:
 
     def load_rows(self):
         """The dataset as PromptRows: the --dataset file, or --tasks problems generated from the seed."""
-        from rollpacker.backends.data.rows import rows_from_problems
-        from rollpacker.backends.data.tasks import make_problems
+        from rollpacker.backends.data.tasks import make_problems, rows_from_problems
 
         if self.dataset is None:
             return rows_from_problems(make_problems(list(self.tasks) or None, size=self.dataset_size, seed=self.seed))

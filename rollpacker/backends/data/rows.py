@@ -30,17 +30,6 @@ class PromptRow:
     """File and row (or task and index), for error messages."""
 
 
-def rows_from_problems(problems) -> list[PromptRow]:
-    """reasoning-gym `Problem`s as rows: the question plus the task's instruction as one user
-    message; `extra_info["entry"]` keeps reasoning-gym's own record for its scorer."""
-    from rollpacker.backends.data.tasks import task_spec
-
-    return [PromptRow(messages=({"role": "user", "content": f"{p.question}\n{task_spec(p.task).instruction}"},),
-                      data_source=p.task, ground_truth=p.answer, extra_info={"index": p.index, "entry": p.entry},
-                      where=f"task {p.task} problem {p.index}")
-            for p in problems]
-
-
 def chat_ids(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """Prompt token ids: `messages` in the model's chat template, ready for the assistant's turn."""
     ids = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True, tokenize=True,

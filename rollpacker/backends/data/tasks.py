@@ -21,6 +21,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from rollpacker.backends.data.rows import PromptRow, chat_ids
 from rollpacker.core.errors import ConfigError
 
 
@@ -116,10 +117,17 @@ def _plain(entry: Mapping[str, Any]) -> dict:
     return dict(entry)
 
 
+def rows_from_problems(problems) -> list[PromptRow]:
+    """reasoning-gym `Problem`s as rows: the question plus the task's instruction as one user
+    message; `extra_info["entry"]` keeps reasoning-gym's own record for its scorer."""
+    return [PromptRow(messages=({"role": "user", "content": f"{p.question}\n{task_spec(p.task).instruction}"},),
+                      data_source=p.task, ground_truth=p.answer, extra_info={"index": p.index, "entry": p.entry},
+                      where=f"task {p.task} problem {p.index}")
+            for p in problems]
+
+
 def render_prompt(tokenizer, problem: Problem) -> list[int]:
     """Prompt token ids: the question plus the task's instruction, in the model's chat template."""
-    from rollpacker.backends.data.rows import chat_ids, rows_from_problems
-
     return chat_ids(tokenizer, rows_from_problems([problem])[0].messages)
 
 

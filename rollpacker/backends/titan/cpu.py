@@ -29,6 +29,11 @@ import importlib.util
 import sys
 import types
 
+from rollpacker.backends.trainer.policy import force_sum_reduction  # workaround 7, shared with --trainer torch
+
+__all__ = ["CPU_FUSE_QKV", "CPU_SPMD_BACKEND", "force_cpu_device_type", "force_sum_reduction",
+           "stub_missing_triton_kernels", "cpu_inner_attention"]
+
 CPU_SPMD_BACKEND = "partial_dtensor"
 CPU_FUSE_QKV = False
 
@@ -79,12 +84,3 @@ def cpu_inner_attention():
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
     return ScaledDotProductAttention.Config()
-
-
-def force_sum_reduction(model) -> None:
-    """Workaround 7: plain SUM collectives in every FSDP2 module (gloo lacks PREMUL_SUM)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_force_sum_reduction_for_comms(True)

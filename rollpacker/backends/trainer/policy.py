@@ -87,6 +87,17 @@ def full_tensor(t):
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach()
 
 
+def force_sum_reduction(model) -> None:
+    """Plain SUM collectives in every FSDP2 module of `model`: gloo lacks PREMUL_SUM, which FSDP2
+    uses to scale gradients (we never divide gradients in the collective: the loss contract sums
+    over ranks)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+
+
 def full_cpu(t):
     """A detached CPU copy of `t`, gathered whole when it is a sharded DTensor (collective then)."""
     return full_tensor(t).cpu().clone()

@@ -26,12 +26,11 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from rollpacker.backends.titan import cpu as titan_cpu
 from rollpacker.backends.errors import InvalidMicroBatch
 from rollpacker.backends.trainer.loss import chunked_token_logprobs_and_entropy
 from rollpacker.backends.models import read_config_json
-from rollpacker.backends.trainer.policy import (PolicyTrainer, default_device, full_cpu, full_tensor,
-                                                init_process_group, select_device)
+from rollpacker.backends.trainer.policy import (PolicyTrainer, default_device, force_sum_reduction, full_cpu,
+                                                full_tensor, init_process_group, select_device)
 from rollpacker.backends.trainer.config import TrainerConfig
 from rollpacker.core.errors import ConfigError
 
@@ -160,7 +159,7 @@ def _shard(model: PolicyLogprobs, device_type: str) -> None:
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
     if device_type == "cpu":
-        titan_cpu.force_sum_reduction(model)  # gloo has no PREMUL_SUM
+        force_sum_reduction(model)  # gloo has no PREMUL_SUM
 
 
 def _check_logits_are_a_plain_head(model_dir: str, hf_config: dict) -> None:
