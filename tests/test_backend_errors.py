@@ -69,6 +69,14 @@ THREE_TOKENS = sse(result_chunk(GenerationResult("rp000000000007", (5, 6, 7), (-
 """The final chunk of request 7's three-token answer."""
 
 
+async def silent_stream(request):
+    """A /generate that opens its stream and then says nothing (the test ends it)."""
+    resp = web.StreamResponse()
+    await resp.prepare(request)
+    await asyncio.sleep(3600)
+    return resp
+
+
 class _RawServer:
     """A loopback TCP server that answers every connection with `payload` and hangs up."""
 
@@ -129,13 +137,7 @@ def test_sglang_engine_misuse_is_a_backend_error_not_scheduler_misuse():
     """A duplicate running id, an abort of an id never sent, a closed engine: the engine's misuse
     (BackendMisuse), not an event the core's state machines refused (SchedulerMisuse)."""
 
-    async def hang(request):
-        resp = web.StreamResponse()
-        await resp.prepare(request)
-        await asyncio.sleep(30)
-        return resp
-
-    app = fake_sglang(hang)
+    app = fake_sglang(silent_stream)
     try:
         eng = SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=60)
         eng.submit([request(1)])
@@ -237,13 +239,7 @@ def test_running_out_of_file_descriptors_is_one_error_naming_the_limit_not_silen
     """Each streamed request holds a socket.  The engine raises the soft open-file limit to the
     hard one at start; past it, the next poll says so, naming RLIMIT_NOFILE, instead of the
     requests coming back as aborts nobody asked for."""
-    async def slow_answer(request):
-        resp = web.StreamResponse()
-        await resp.prepare(request)
-        await asyncio.sleep(3600)
-        return resp
-
-    app = fake_sglang(slow_answer)
+    app = fake_sglang(silent_stream)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
