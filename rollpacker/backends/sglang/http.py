@@ -40,6 +40,18 @@ _OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
 _NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)
 
 
+def is_out_of_files(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is the process or the system running out of file descriptors."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in _OUT_OF_FILES:
+            return True
+        os_error = getattr(exc, "os_error", None)  # aiohttp's ClientConnectorError keeps the OS error
+        if isinstance(os_error, OSError) and os_error.errno in _OUT_OF_FILES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class ServerClient:
     """The native API of the server at `url`, over a shared aiohttp session."""
 
@@ -145,7 +157,7 @@ class ServerClient:
                     resp = await self.session.post(self.url + "/generate", json=body, timeout=timeout)
                 break
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                if attempt + 1 >= attempts or getattr(exc, "errno", None) in _OUT_OF_FILES:
+                if attempt + 1 >= attempts or is_out_of_files(exc):
                     raise ServerUnavailable(f"server {self.url}: /generate unreachable ({type(exc).__name__}: {exc})") from exc
                 await asyncio.sleep(cfg.backoff_s * 2**attempt)
             except _NETWORK_ERRORS as exc:

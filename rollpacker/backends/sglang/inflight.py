@@ -25,7 +25,8 @@ from attrs import define
 
 from rollpacker.backends.errors import BackendProtocolError, SGLangError, ServerUnavailable
 from rollpacker.backends.sglang.codec import StreamState, generate_body, parse_sse_line
-from rollpacker.backends.sglang.pool import PooledServer, ServerPool, is_out_of_files, out_of_files_error
+from rollpacker.backends.sglang.http import is_out_of_files
+from rollpacker.backends.sglang.pool import PooledServer, ServerPool, out_of_files_error
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import errno
 import logging
 import os
 import resource
@@ -45,18 +44,6 @@ def raise_open_file_limit() -> tuple[int, int]:
         except (ValueError, OSError) as exc:  # some systems cap it below the hard limit
             log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
     return soft, hard
-
-
-def is_out_of_files(exc: BaseException) -> bool:
-    """Whether `exc` (or what caused it) is the process or the system running out of file descriptors."""
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-            return True
-        os_error = getattr(exc, "os_error", None)  # aiohttp's ClientConnectorError keeps the OS error
-        if isinstance(os_error, OSError) and os_error.errno in (errno.EMFILE, errno.ENFILE):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def out_of_files_error(url: str, in_flight: int) -> SGLangError:
