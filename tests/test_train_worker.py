@@ -19,7 +19,7 @@ from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
 from rollpacker.core import BatcherConfig, Scheduler, make_policy
 from rollpacker.core.protocols import MicroBatch, RewardOutcome, TrainSample
 from rollpacker.driver import LoopConfig, StepLoop, StepTimeout, WallClock
-from rollpacker.driver.step_log import split_training
+from rollpacker.core.metrics import split_training
 from rollpacker.driver.train_worker import TrainWorker
 from test_step_loop import Prompts, RecordingTrainer, ScriptedEngine, ScriptedRewards
 

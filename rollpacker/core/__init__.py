@@ -39,7 +39,7 @@ from .cost_model import CostModel, Hardware, ModelShape
 from .errors import ConfigError, RollpackerError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, RewardScored, TokensGenerated
 from .length_history import LengthPrediction
-from .metrics import EpochLedger, Occupancy, bubble_ratio, step_record
+from .metrics import EpochLedger, Occupancy, StepTimes, bubble_ratio, step_record
 from .planner import Policy
 from .policies import (
     Knob,
@@ -76,7 +76,7 @@ __all__ = [
     # tensor parallelism
     "TpRule", "TP_MODES", "SetTensorParallel", "CostModel", "ModelShape", "Hardware",
     # metrics
-    "EpochLedger", "Occupancy", "bubble_ratio", "step_record",
+    "EpochLedger", "Occupancy", "StepTimes", "bubble_ratio", "step_record",
     # errors
     "RollpackerError", "ConfigError", "SchedulerMisuse",
 ]

@@ -11,8 +11,9 @@ as soon as the batcher emits it, while the round's other requests keep generatin
 decodes in its own thread or server), and the driver goes straight back to feeding the core: the
 round ends, and its tail is aborted, when the P-th group completes, not when a micro-batch returns.
 Only the single `StepOptimizer` waits for every micro-batch of the step; then the new weights go to
-the engine: pause, update, resume.  The step's record splits the trainer's time into
-`train_overlapped_s` (while the round generated) and `train_exposed_s` (after the round's end).
+the engine: pause, update, resume.  The step's record (`core.step_record`, the simulator's too) has
+`train_overlapped_s` (training while the round generated) and `train_exposed_s` (the training the
+step waits for after its last reward).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from rollpacker.core.records import PromptKey, Sample, Segment, request_number
 
 from .clock import Clock, WallClock
 from .loop import Driver, Input, ScorerAnswered
-from .step_log import Interval, StepLog, split_training
+from .step_log import Interval, StepLog
 from .train_worker import OPTIMIZER_STEP, TrainerRan, TrainWorker
 
 
@@ -162,6 +163,7 @@ class LiveBackend:
             if scored is not None:  # (its interval may be a past step's: a carried group's reward)
                 scored.reward = reward
             log.failed_rewards += outcome.failed
+            log.rewards_done = self.clock.now() - log.start
             inputs.append(ScorerAnswered(outcome.request_id, reward, outcome.failed, outcome.latency_s))
         if inputs:
             self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
@@ -330,25 +332,13 @@ class LiveBackend:
         return {"running": self.sched.state.num_running, "kept": len(log.kept), "rewards": len(log.rewards)}
 
     def _record(self, log: StepLog, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
-        step_s = self.clock.now() - log.start
-        rollout_s = log.round_end if log.round_end is not None else step_s
-        bubble = log.occupancy.bubble_ratio(self.engine.capacity, rollout_s)
         rewards = log.trained_rewards
         spreads = [max(r) - min(r) for r in ([self.sample_rewards[i] for i in g] for g in log.groups) if r]
         loss_sum = sum(s.loss_sum for s in log.train_stats)
         tokens = sum(s.num_tokens for s in log.train_stats)
         entropy = sum(s.entropy_sum for s in log.train_stats)
-        overlapped, exposed = split_training(log.train_spans, rollout_s)
         return step_record(
-            log.report,
-            rollout_s=rollout_s,
-            reward_s=max(0.0, step_s - rollout_s - exposed - log.sync_s),
-            train_s=overlapped + exposed,
-            train_overlapped_s=overlapped,
-            train_exposed_s=exposed,
-            sync_s=log.sync_s,
-            step_s=step_s,
-            bubble_ratio=bubble,
+            log.report, log.times(self.clock.now() - log.start), log.occupancy, self.engine.capacity,
             mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
             reward_failures=log.failed_rewards,
             reward_wait_s_mean=sum(log.reward_waits) / len(log.reward_waits) if log.reward_waits else 0.0,

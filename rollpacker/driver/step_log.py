@@ -8,7 +8,7 @@ from typing import Any
 
 from attrs import define, field
 
-from rollpacker.core.metrics import Occupancy
+from rollpacker.core.metrics import Occupancy, StepTimes
 from rollpacker.core.protocols import GenerationRequest
 
 
@@ -58,15 +58,15 @@ class StepLog:
     report: Any = None
     train_spans: list[tuple[float, float, str]] = field(factory=list)
     """(start, end, what) of each micro-batch and the optimizer step, seconds from the step's start, in order."""
+    rewards_done: float = 0.0
+    """When the step's last reward answer came, seconds from the step's start."""
     sync_s: float = 0.0
     train_stats: list = field(factory=list)
     step_stats: Any = None
 
-
-def split_training(spans, round_end: float) -> tuple[float, float]:
-    """(overlapped, exposed): the trainer's seconds before the round's end (hidden under the rollout)
-    and after it (the step waits on them).  `spans` are (start, end, ...) of one trainer, so they
-    never overlap each other."""
-    overlapped = sum(max(0.0, min(end, round_end) - start) for start, end, *_ in spans)
-    total = sum(end - start for start, end, *_ in spans)
-    return overlapped, total - overlapped
+    def times(self, end: float) -> StepTimes:
+        """The step's marks for its record (seconds from its start), the step ending at `end`; a
+        round that never ended (never seen) counts as ending when the trainer was done."""
+        round_end = self.round_end if self.round_end is not None else end - self.sync_s
+        return StepTimes(start=0.0, round_end=round_end, rewards_done=self.rewards_done, end=end, sync_s=self.sync_s,
+                         train_spans=tuple(self.train_spans))

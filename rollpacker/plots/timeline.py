@@ -166,16 +166,16 @@ def _heatmap(fig, ax, timeline: StepTimeline) -> None:
 
 
 def _training(ax, timeline: StepTimeline) -> None:
-    from rollpacker.driver.step_log import split_training
+    from rollpacker.core.metrics import split_training
 
     for k, (start, end, what) in enumerate(timeline.training):
         color = "darkgreen" if not what.startswith("micro-batch") else TRAIN_COLORS[k % len(TRAIN_COLORS)]
         ax.barh(0, end - start, left=start, color=color, height=0.8)
-    overlapped, exposed = split_training(timeline.training, timeline.round_end)
+    overlapped, after = split_training(timeline.training, timeline.round_end)
     ax.axvline(timeline.round_end, color="black", ls="--", lw=1)
     ax.set_yticks([])
     ax.set_ylabel("trainer", fontsize=8)
-    ax.text(1.005, 0.5, f"{len(timeline.training)} jobs\noverlapped {overlapped:.1f} s\nexposed {exposed:.1f} s",
+    ax.text(1.005, 0.5, f"{len(timeline.training)} jobs\nin the rollout {overlapped:.1f} s\nafter it {after:.1f} s",
             transform=ax.transAxes, fontsize=7, va="center")
 
 

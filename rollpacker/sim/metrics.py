@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rollpacker.core import StepOptimizer, RewardScored, EndRound, bubble_ratio, step_record
+from rollpacker.core import EndRound, Occupancy, RewardScored, StepOptimizer, StepTimes, step_record
 
 from .bias import BIAS_SUMS, bias_means, bias_record
 
@@ -14,7 +14,8 @@ TAIL_SHARE = 0.1
 SUMMED = ("rollout_s", "reward_s", "train_s", "step_s", "tp_switch_s", "lower_bound_rollout_s", "floor_s",
           "generated_tokens", "kept_tokens", "wasted_tokens", "carried_tokens", "offpolicy_tokens",
           "trained_prompts", "deferred_prompts", "launched_requests", "retried_requests", "short_rounds",
-          "long_rounds", "preemptions", "reward_timeouts", "train_busy_s", "tail_s") + BIAS_SUMS
+          "long_rounds", "preemptions", "reward_timeouts", "train_busy_s", "tail_s") + BIAS_SUMS + (
+          "train_overlapped_s", "train_exposed_s", "sync_s")
 
 
 class StepMeter:
@@ -23,12 +24,13 @@ class StepMeter:
     def __init__(self, start: float, capacity: int) -> None:
         self.start = start
         self.capacity = capacity
-        self.times: list[float] = []
-        self.running: list[int] = []
+        self.log = Occupancy()
+        """Requests running over the instances until the round's end."""
         self.rollout_end: float | None = None
         self.report = None
         self.last_reward = start
         self.train_busy = 0.0
+        self.train_spans: list[tuple[float, float]] = []
         self.aborts: list[tuple[int, float, int]] = []
         self.longest = 0
         self.peak_running = 0
@@ -42,11 +44,7 @@ class StepMeter:
     def occupancy(self, now: float, running: int, instances) -> None:
         if self.rollout_end is not None:
             return
-        if self.times and self.times[-1] == now:
-            self.running[-1] = running
-        else:
-            self.times.append(now)
-            self.running.append(running)
+        self.log.set(now, running)
         self.peak_running = max(self.peak_running, max(len(i.running) for i in instances))
 
     def request_ended(self, req) -> None:
@@ -77,8 +75,10 @@ class StepMeter:
         self.last_reward = max(self.last_reward, scored.at)
         self.timeouts += int(scored.failed)
 
-    def trained(self, seconds: float) -> None:
+    def trained(self, start: float, seconds: float) -> None:
+        """The trainer ran a micro-batch from `start` for `seconds`."""
         self.train_busy += seconds
+        self.train_spans.append((start, start + seconds))
 
     def round_ended(self, cmd: EndRound, now: float) -> None:
         self.rollout_end, self.report = now, cmd.report
@@ -86,11 +86,16 @@ class StepMeter:
     def optimizer(self, cmd: StepOptimizer, now: float) -> None:
         self.last_reward = max(self.last_reward, now) if self.rollout_end is None else self.last_reward
 
-    def finish(self, sim, start: float, end: float, ledger, pending) -> dict:
+    def times(self, start: float, optimizer_start: float, end: float) -> StepTimes:
+        """The step's marks (from `start`, before any TP switch); the optimizer step runs from
+        `optimizer_start` to `end`.  The simulator does not model the weight sync."""
+        return StepTimes(start=start, round_end=self.rollout_end, rewards_done=self.last_reward, end=end,
+                         tp_switch_s=self.switch_s, train_spans=(*self.train_spans, (optimizer_start, end)))
+
+    def finish(self, sim, start: float, optimizer_start: float, end: float, ledger, pending) -> dict:
         """The step's record; `ledger` and `pending` are the driver's trained and still pending prompts."""
         rollout_end = self.rollout_end
         rollout_s = rollout_end - self.start
-        reward_done = max(rollout_end, self.last_reward)
         cost, n = sim.cost, len(sim.instances)
         b_max = max(self.peak_running, 1)
         # lower_bound_*: the round's own work at its own TP and peak batch (not a floor: it moves with
@@ -108,13 +113,7 @@ class StepMeter:
                 "capacity": self.capacity,
                 "aborts": self.aborts}
         return step_record(
-            self.report,
-            rollout_s=rollout_s,
-            reward_s=reward_done - rollout_end,
-            train_s=end - reward_done,
-            step_s=end - start,
-            tp_switch_s=self.switch_s,
-            bubble_ratio=bubble_ratio(self.times, self.running, self.capacity, rollout_end),
+            self.report, self.times(start, optimizer_start, end), self.log, self.capacity,
             idle_ratio=max(0.0, 1.0 - busy / (n * rollout_s)) if rollout_s > 0 else 0.0,
             lower_bound_rollout_s=max(work_lb, path_lb),
             lower_bound_work_s=work_lb,

@@ -166,9 +166,10 @@ class Simulation:
 
     def finish_step(self, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
         """The trainer finishes its micro-batches, then steps the optimizer."""
-        end = max(self.now, self.trainer_free) + self.constants.train.optimizer_s
+        optimizer_start = max(self.now, self.trainer_free)
+        end = optimizer_start + self.constants.train.optimizer_s
         self.trainer_free = end
-        record = self.meter.finish(self, self.step_start, end, ledger, pending)
+        record = self.meter.finish(self, self.step_start, optimizer_start, end, ledger, pending)
         self.sched.observe_preemptions(record["preemptions"])
         self.clock.advance_to(end)
         return record
@@ -305,8 +306,9 @@ class Simulation:
 
     def _train(self, cmd: TrainMicroBatch) -> None:
         seconds = self.train_model.micro_batch_s(cmd.num_tokens)
-        self.trainer_free = max(self.trainer_free, self.now) + seconds
-        self.meter.trained(seconds)
+        start = max(self.trainer_free, self.now)
+        self.trainer_free = start + seconds
+        self.meter.trained(start, seconds)
 
     def end_round(self, cmd: EndRound) -> None:
         # A prefill an instance started just before the round closed still runs to its end: the
