@@ -75,6 +75,8 @@ def test_real_backend_times_come_from_the_injected_clock():
     loop = StepLoop(sched, engine, ScriptedRewards(), RecordingTrainer(calls, engine), Prompts(), clock=clock)
     record = loop.run_step()
     assert record["rollout_s"] == 4.0 and record["step_s"] == 5.0
+    # the last rewards come on the poll after the round's end: a second of reward wait, nothing after it
+    assert (record["reward_s"], record["train_exposed_s"], record["sync_s"]) == (1.0, 0.0, 0.0)
     assert [i.end for i in loop.last_timeline] == [1.0, 2.0, 3.0, 4.0]  # seconds from the step's start
 
 

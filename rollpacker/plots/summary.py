@@ -13,8 +13,8 @@ STAGES = (("rollout_s", "tab:blue", "rollout"), ("reward_s", "tab:orange", "rewa
 
 
 def stage_s(record: dict, key: str) -> float:
-    """A stage's exposed seconds; a record without the training split (the simulator's) trains
-    after its round, so all its `train_s` is exposed."""
+    """A stage's exposed seconds; a record without the training split (a simulator JSON written
+    before the records were one) had only the exposed training, as `train_s`."""
     if key == "train_exposed_s":
         return record.get(key, record.get("train_s", 0.0))
     return record.get(key, 0.0)
