@@ -100,7 +100,7 @@ def test_live_and_simulated_steps_give_the_same_record_for_the_same_timeline():
     reward comes at 13 s; the optimizer step runs 14-15 s.  Both records: rollout 10 s, reward 3 s
     (10 -> 13), exposed training 2 s (13 -> 15), train 9 s of which 5 s overlapped the rollout.
     (The live record used to call reward_s the step less rollout, training after the round and
-    sync: 15 - 10 - 5 = 0 s here, and the simulator 3 s.)"""
+    sync: 15 - 10 - 4 = 1 s here, with 4 s "exposed"; the simulator said 3 s and 2 s.)"""
     launches, ends, round_end, last_reward = 4, (3.0, 5.0, 8.0, 10.0), 10.0, 13.0
     spans, optimizer, end = [(4.0, 9.0), (11.0, 14.0)], (14.0, 15.0), 15.0
 
@@ -111,7 +111,8 @@ def test_live_and_simulated_steps_give_the_same_record_for_the_same_timeline():
         live.occupancy.change(at, -1)
     live.round_end = round_end
     live.rewards_done = last_reward
-    live.train_spans = [(a, b, f"micro-batch {k}") for k, (a, b) in enumerate(spans)] + [(*optimizer, "optimizer step")]
+    live.train_spans = [(a, b, f"micro-batch {k}") for k, (a, b) in enumerate(spans)]
+    live.train_spans.append((*optimizer, "optimizer step"))
     live_record = step_record(REPORT, live.times(end), live.occupancy, capacity=4)
 
     meter = StepMeter(start=0.0, capacity=4)
@@ -127,8 +128,10 @@ def test_live_and_simulated_steps_give_the_same_record_for_the_same_timeline():
     meter.reward(RewardScored("rp000000000002", 0.0, at=last_reward))
     sim_record = step_record(REPORT, meter.times(0.0, *optimizer), meter.log, meter.capacity)
 
-    assert {k: live_record[k] for k in TIMINGS + ("bubble_ratio",)} == {k: sim_record[k] for k in TIMINGS + ("bubble_ratio",)}
-    assert step_timings(live.times(end)) == {"rollout_s": 10.0, "reward_s": 3.0, "train_s": 9.0, "train_overlapped_s": 5.0,
-                                             "train_exposed_s": 2.0, "sync_s": 0.0, "step_s": 15.0, "tp_switch_s": 0.0}
+    fields = TIMINGS + ("bubble_ratio",)
+    assert {k: live_record[k] for k in fields} == {k: sim_record[k] for k in fields}
+    assert step_timings(live.times(end)) == {"rollout_s": 10.0, "reward_s": 3.0, "train_s": 9.0,
+                                             "train_overlapped_s": 5.0, "train_exposed_s": 2.0, "sync_s": 0.0,
+                                             "step_s": 15.0, "tp_switch_s": 0.0}
     # idle slots: 1 of 4 over 3-5 s, 2 over 5-8 s, 3 over 8-10 s: 2 + 6 + 6 = 14 of 40
     assert live_record["bubble_ratio"] == sim_record["bubble_ratio"] == pytest.approx(14 / 40)
