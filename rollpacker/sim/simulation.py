@@ -29,6 +29,7 @@ from rollpacker.core import (
     RewardScored,
     Scheduler,
     SetTensorParallel,
+    StartScoring,
     StepOptimizer,
     TpRule,
     TrainMicroBatch,
@@ -37,7 +38,7 @@ from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.records import PromptKey, Sample
 from rollpacker.core.tp_planner import check_tp
-from rollpacker.core.reward_scheduler import RewardConfig, StartScoring
+from rollpacker.core.reward_scheduler import RewardConfig
 from rollpacker.driver import DeadlinePassed, Driver, Input, ScorerAnswered, VirtualClock
 
 from .config import SimConfig
