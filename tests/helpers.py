@@ -6,8 +6,8 @@ Each launched request gets a length drawn from its prompt's length (per-prompt e
 and finishes at launch time + length / speed; an abort lands after a random delay (so a request may
 finish before its abort arrives, as with a real engine).  Each scorer answers after a random delay,
 reward 0 or 1; one slower than the core's adaptive deadline is timed out by the core (the clock
-passes the deadline first) and its late answer is ignored.  It checks the Protocol obligations (one
-answer per request) as it goes.
+passes the deadline first), then hangs or answers late (the core ignores that answer).  It checks
+the Protocol obligations (one answer per request) as it goes.
 """
 
 from __future__ import annotations
@@ -130,9 +130,11 @@ class RandomBackend:
     def start_scoring(self, command: StartScoring) -> None:
         reward = float(self.rng.random() < 0.5)
         seconds = self.rng.random() * self.SCORER_S
-        if seconds > command.timeout:  # the core times it out at its deadline; the answer comes late
+        late = seconds > command.timeout
+        if late:  # the core times it out at its deadline
             self._push(command.deadline, DeadlinePassed())
-        self._push(self.now + seconds, ScorerAnswered(command.request_id, reward))
+        if not late or self.rng.random() < 0.5:  # a late scorer hangs, or answers after its deadline
+            self._push(self.now + seconds, ScorerAnswered(command.request_id, reward))
 
     def train(self, command: TrainMicroBatch) -> None:
         self.micro_batches.append(command)
