@@ -127,6 +127,12 @@ def test_the_backend_gets_only_commands_and_the_observer_every_notice_in_order()
     assert kinds.index("EndRound") < kinds.index("step_optimizer")
 
 
+def test_a_backend_that_does_not_observe_needs_an_observer():
+    sched = Scheduler(make_policy("sync", prompts=1, samples=1, max_tokens=8), num_prompts=1)
+    with pytest.raises(TypeError, match="CommandsOnlyBackend does not observe"):
+        Driver(sched, CommandsOnlyBackend([]))
+
+
 def test_every_core_command_has_a_route_and_start_scoring_is_one():
     """Each member of `Command` goes to the backend or the observer; none is refused."""
     assert StartScoring in typing.get_args(Command)

@@ -131,6 +131,9 @@ class Driver:
                  observer: Observer | None = None) -> None:
         self.sched = scheduler
         self.backend = backend
+        if observer is None and not (hasattr(backend, "observe") and hasattr(backend, "finish_step")):
+            raise TypeError(f"driver: {type(backend).__name__} does not observe (no observe/finish_step): "
+                            "pass Driver(..., observer=...)")
         self.observer: Observer = observer if observer is not None else backend  # type: ignore[assignment]
         self.clock = clock or WallClock()
         self.ledger = EpochLedger()
