@@ -1,4 +1,5 @@
-"""Shared pieces of the SGLang backend tests: the tiny model, servers, and a small core driver."""
+"""Shared pieces of the SGLang backend tests: the tiny model, servers, and a real engine as a backend
+of the real driver."""
 
 from __future__ import annotations
 
@@ -9,20 +10,10 @@ import time
 import pytest
 from aiohttp import web
 
-from rollpacker.core import (
-    AbortRequest,
-    EndRound,
-    LaunchRequest,
-    RequestAborted,
-    RequestFinished,
-    RewardScored,
-    Scheduler,
-    ScoreSample,
-    StepOptimizer,
-    TokensGenerated,
-)
+from rollpacker.core import EndRound, RequestAborted, RequestFinished, Scheduler, TokensGenerated
 from rollpacker.backends.sglang.launch import free_port
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
+from rollpacker.driver import Driver, ScorerAnswered, WallClock
 
 SERVE_ARGS = ("--ignore-eos", "--capacity", "8", "--progress-every", "2")
 
@@ -70,49 +61,68 @@ def wait_progress(engine, rid: str, min_tokens: int = 1, timeout_s: float = 30.0
     raise AssertionError(f"no progress from {rid} in {timeout_s} s")
 
 
-def drive_one_step(engine, scheduler: Scheduler, on_progress=None, timeout_s: float = 90.0) -> dict:
-    """Play one step of `scheduler` over `engine`: launches become requests, results become
-    finished/aborted events, every kept sample gets reward rid-parity at once."""
-    launches, round_ends, opt_steps = [], [], []
-    started = time.monotonic()
+class EngineBackend:
+    """A real rollout engine as a backend of `driver.Driver` (on its wall clock): launches become
+    requests, results become finished/aborted events, streamed progress `TokensGenerated`; every
+    scorer answers reward rid-parity at once; training is only recorded.  Its own observer."""
 
-    def execute(commands) -> None:
-        pending = list(commands)
-        while pending:
-            cmd = pending.pop(0)
-            if isinstance(cmd, LaunchRequest):
-                launches.append(cmd)
-                prompt = (1, 2 + cmd.prompt.index % 50, 3)
-                engine.submit([GenerationRequest(cmd.request_id, prompt, max_new_tokens=cmd.max_new_tokens,
-                                                 temperature=1.0, seed=len(launches))])
-            elif isinstance(cmd, AbortRequest):
-                engine.abort([cmd.request_id])
-            elif isinstance(cmd, ScoreSample):
-                rid = cmd.sample.request_id
-                pending.extend(scheduler.handle(RewardScored(rid, float(int(rid[-1]) % 2), at=_now(started))))
-            elif isinstance(cmd, EndRound):
-                round_ends.append(cmd)
-            elif isinstance(cmd, StepOptimizer):
-                opt_steps.append(cmd)
+    def __init__(self, engine, on_progress=None, timeout_s: float = 90.0) -> None:
+        self.engine, self.on_progress, self.timeout_s = engine, on_progress, timeout_s
+        self.clock = WallClock()
+        self.launches, self.round_ends, self.opt_steps, self.answers = [], [], [], []
 
-    execute(scheduler.begin_round())
-    while not scheduler.step_done:
-        assert time.monotonic() - started < timeout_s, "the step did not finish in time"
-        for ev in engine.poll(0.5):
-            if on_progress is not None:
-                on_progress(ev)
-            at = _now(started)
+    def launch(self, commands) -> None:
+        for cmd in commands:
+            self.launches.append(cmd)
+            prompt = (1, 2 + cmd.prompt.index % 50, 3)
+            self.engine.submit([GenerationRequest(cmd.request_id, prompt, max_new_tokens=cmd.max_new_tokens,
+                                                  temperature=1.0, seed=len(self.launches))])
+
+    def abort(self, request_ids) -> None:
+        self.engine.abort(list(request_ids))
+
+    def set_tensor_parallel(self, command) -> None:
+        raise AssertionError("a live engine runs at the TP it was started with")
+
+    def start_scoring(self, command) -> None:
+        rid = command.request_id
+        self.answers.append(ScorerAnswered(rid, float(int(rid[-1]) % 2)))
+
+    def train(self, command) -> None: ...
+
+    def step_optimizer(self, command) -> None:
+        self.opt_steps.append(command)
+
+    def wait(self) -> list:
+        assert self.clock.now() < self.timeout_s, "the step did not finish in time"
+        if self.answers:
+            answers, self.answers = self.answers, []
+            return answers
+        events = []
+        for ev in self.engine.poll(0.5):
+            if self.on_progress is not None:
+                self.on_progress(ev)
+            at = self.clock.now()
             if isinstance(ev, GenerationProgress):
-                execute(scheduler.handle(TokensGenerated(ev.request_id, ev.num_tokens, at=at)))
+                events.append(TokensGenerated(ev.request_id, ev.num_tokens, at=at))
             elif ev.finish_reason == "abort":
-                execute(scheduler.handle(RequestAborted(ev.request_id, len(ev.token_ids), at=at)))
+                events.append(RequestAborted(ev.request_id, len(ev.token_ids), at=at))
             else:
-                execute(scheduler.handle(RequestFinished(ev.request_id, len(ev.token_ids), ev.finish_reason, at=at)))
-    return {"launches": launches, "round_ends": round_ends, "opt_steps": opt_steps}
+                events.append(RequestFinished(ev.request_id, len(ev.token_ids), ev.finish_reason, at=at))
+        return events
+
+    def observe(self, notice) -> None:
+        if isinstance(notice, EndRound):
+            self.round_ends.append(notice)
+
+    def finish_step(self, ledger, pending) -> dict:
+        return {"launches": self.launches, "round_ends": self.round_ends, "opt_steps": self.opt_steps}
 
 
-def _now(started: float) -> float:
-    return time.monotonic() - started
+def drive_one_step(engine, scheduler: Scheduler, on_progress=None, timeout_s: float = 90.0) -> dict:
+    """Play one step of `scheduler` over `engine` with the real driver (`EngineBackend`)."""
+    backend = EngineBackend(engine, on_progress, timeout_s)
+    return Driver(scheduler, backend, backend.clock).run_step()
 
 
 class LoopbackApp:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import RandomDriver, check_trained_exactly_once
+from helpers import RandomBackend, check_trained_exactly_once
 from rollpacker.core import (
     BatcherConfig,
     CloseGroup,
@@ -61,13 +61,13 @@ def build(name, knobs, run):
     return policy, sched
 
 
-def check_no_loss(driver: RandomDriver, trained: list) -> None:
+def check_no_loss(backend: RandomBackend, trained: list) -> None:
     """Every prompt ever launched is trained once, or still to be trained: in flight, deferred or
     fresh.  Fresh includes a prompt that a restore put back before the epoch's cursor (the step it
     was drawn in was never committed), not only the `returned` queue."""
-    pool = driver.sched.state.pool
+    pool = backend.sched.state.pool
     assert len(trained) == len(set(trained)), "a prompt was trained twice in one epoch"
-    drawn = {c.prompt for c in driver.launches}
+    drawn = {c.prompt for c in backend.launches}
     lost = {k for k in drawn - set(trained) if pool.status(k) == COMPLETED}
     assert not lost, f"lost prompts: {sorted(lost)[:5]}"
     pending = [k for k in trained if pool.status(k) != COMPLETED]
@@ -80,26 +80,26 @@ def check_no_loss(driver: RandomDriver, trained: list) -> None:
 @given(run=runs)
 def test_every_step_trains_p_prompts_once_and_loses_none(name, knobs, run):
     policy, sched = build(name, knobs, run)
-    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"], engine_fail_rate=run["fail_rate"])
+    backend = RandomBackend(sched, seed=run["seed"], max_tokens=run["max_tokens"], engine_fail_rate=run["fail_rate"])
     for _ in range(run["steps"]):
-        driver.run_step()
-    ends = driver.round_ends
+        backend.run_step()
+    ends = backend.round_ends
     assert [len(e.trained) for e in ends] == [run["prompts"]] * run["steps"]
-    assert [o.num_samples for o in driver.opt_steps] == [run["prompts"] * run["samples"]] * run["steps"]
+    assert [o.num_samples for o in backend.opt_steps] == [run["prompts"] * run["samples"]] * run["steps"]
     trained = [k for e in ends for k in e.trained]
-    check_no_loss(driver, trained)
+    check_no_loss(backend, trained)
 
     # a request answered by an abort never ends a trained sample; on-policy, it is not in one at all
-    for mb in driver.micro_batches:
+    for mb in backend.micro_batches:
         for ref in mb.samples:
-            assert ref.sample.request_id not in driver.aborted_answers or ref.sample.finish_reason == "length"
+            assert ref.sample.request_id not in backend.aborted_answers or ref.sample.finish_reason == "length"
             if not policy.carries:
-                assert not {s.request_id for s in ref.sample.segments} & driver.aborted_answers
-    for o, e in zip(driver.opt_steps, ends):
+                assert not {s.request_id for s in ref.sample.segments} & backend.aborted_answers
+    for o, e in zip(backend.opt_steps, ends):
         assert o.step == e.step
 
     is_on_policy = (name, policy.carries) in ON_POLICY
-    for mb in driver.micro_batches:
+    for mb in backend.micro_batches:
         for ref in mb.samples:
             lag = ref.sample.staleness(mb.step)
             assert 0 <= lag <= policy.max_staleness
@@ -115,15 +115,15 @@ def test_every_step_trains_p_prompts_once_and_loses_none(name, knobs, run):
 def test_token_accounting_balances(name, knobs, run):
     """generated + carried in == kept + wasted + carried out, summed over rounds."""
     policy, sched = build(name, knobs, run)
-    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"], engine_fail_rate=run["fail_rate"])
+    backend = RandomBackend(sched, seed=run["seed"], max_tokens=run["max_tokens"], engine_fail_rate=run["fail_rate"])
     for _ in range(run["steps"]):
-        driver.run_step()
-    reports = [e.report for e in driver.round_ends]
+        backend.run_step()
+    reports = [e.report for e in backend.round_ends]
     generated = sum(r.generated_tokens for r in reports)
     kept = sum(r.kept_tokens for r in reports)
     wasted = sum(r.wasted_tokens for r in reports)
     assert generated == kept + wasted + reports[-1].carried_tokens
-    assert sum(o.num_tokens for o in driver.opt_steps) == kept
+    assert sum(o.num_tokens for o in backend.opt_steps) == kept
     if not policy.carries:
         assert all(r.carried_tokens == 0 for r in reports)
 
@@ -133,32 +133,32 @@ def test_token_accounting_balances(name, knobs, run):
 @given(run=runs, crash_after=st.integers(0, 60), crash_step=st.integers(0, 4))
 def test_checkpoint_restore_at_any_point_keeps_exactly_once(name, knobs, run, crash_after, crash_step):
     policy, sched = build(name, knobs, run)
-    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"])
+    backend = RandomBackend(sched, seed=run["seed"], max_tokens=run["max_tokens"])
     trained = []
     for _ in range(crash_step):
-        driver.run_step()
-    trained += [k for e in driver.round_ends for k in e.trained]
-    finished = driver.run_step(stop_after_events=crash_after)
+        backend.run_step()
+    trained += [k for e in backend.round_ends for k in e.trained]
+    finished = backend.run_step(stop_after_events=crash_after)
     if finished:
-        trained += list(driver.round_ends[-1].trained)
+        trained += list(backend.round_ends[-1].trained)
     checkpoint = sched.to_dict()
     restored = Scheduler(policy, num_prompts=sched.state.pool.num_prompts, checkpoint=checkpoint)
     assert restored.state.next_request == sched.state.next_request  # ids are never reused
-    driver2 = RandomDriver(restored, seed=run["seed"] + 1, max_tokens=run["max_tokens"],
-                           prompt_effect=driver.prompt_effect)
+    backend2 = RandomBackend(restored, seed=run["seed"] + 1, max_tokens=run["max_tokens"],
+                           prompt_effect=backend.prompt_effect)
     for _ in range(run["steps"]):
-        driver2.run_step()
-    trained += [k for e in driver2.round_ends for k in e.trained]
-    launched_ids = {c.request_id for c in driver.launches}
-    assert not launched_ids & {c.request_id for c in driver2.launches}
-    driver2.launches = driver.launches + driver2.launches
-    check_no_loss(driver2, trained)
+        backend2.run_step()
+    trained += [k for e in backend2.round_ends for k in e.trained]
+    launched_ids = {c.request_id for c in backend.launches}
+    assert not launched_ids & {c.request_id for c in backend2.launches}
+    backend2.launches = backend.launches + backend2.launches
+    check_no_loss(backend2, trained)
 
 
-class StreamingDriver(RandomDriver):
-    """Checks, after every command batch, that trainable samples are not held back: once a group is
-    complete and all its rewards are in, its samples go to the trainer as soon as they fill a
-    micro-batch, long before the optimizer step."""
+class StreamingBackend(RandomBackend):
+    """Checks, after the commands of every event (at each wait), that trainable samples are not held
+    back: once a group is complete and all its rewards are in, its samples go to the trainer as soon
+    as they fill a micro-batch, long before the optimizer step."""
 
     def __init__(self, *args, token_budget: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -166,21 +166,27 @@ class StreamingDriver(RandomDriver):
         self.completed: list = []  # the samples of each group completed this step
         self.sent: set[str] = set()
 
-    def execute(self, commands) -> None:
-        super().execute(commands)
-        for c in commands:
-            if isinstance(c, CloseGroup):
-                self.completed.append(c.samples)
-            elif isinstance(c, TrainMicroBatch):
-                self.sent |= {r.sample.request_id for r in c.samples}
-            elif isinstance(c, StepOptimizer):
-                self.completed, self.sent = [], set()
+    def observe(self, notice) -> None:
+        super().observe(notice)
+        if isinstance(notice, CloseGroup):
+            self.completed.append(notice.samples)
+
+    def train(self, command) -> None:
+        super().train(command)
+        self.sent |= {r.sample.request_id for r in command.samples}
+
+    def step_optimizer(self, command) -> None:
+        super().step_optimizer(command)
+        self.completed, self.sent = [], set()
+
+    def wait(self) -> list:
         ready = [s for group in self.completed if all(s.request_id in self.rewarded for s in group) for s in group]
         held = [s for s in ready if s.request_id not in self.sent]
         assert len(held) <= 1 or sum(s.num_tokens for s in held) <= self.budget, (
             f"{len(held)} trainable samples ({sum(s.num_tokens for s in held)} tokens) held back, "
             f"token budget {self.budget}"
         )
+        return super().wait()
 
 
 @pytest.mark.parametrize("name,knobs", [("sync", {}), ("tail", {}), ("sorted", {}), ("partial", {"staleness": 1})])
@@ -191,10 +197,10 @@ def test_micro_batches_stream_before_the_optimizer_step(name, knobs, run, budget
     policy = make_policy(name, prompts=run["prompts"], samples=run["samples"], max_tokens=run["max_tokens"], **knobs)
     sched = Scheduler(policy, num_prompts=run["prompts"] + run["extra_prompts"], seed=run["seed"],
                       batcher=BatcherConfig(token_budget=budget))
-    driver = StreamingDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"], token_budget=budget,
+    backend = StreamingBackend(sched, seed=run["seed"], max_tokens=run["max_tokens"], token_budget=budget,
                              engine_fail_rate=run["fail_rate"])
     for _ in range(run["steps"]):
-        driver.run_step()
+        backend.run_step()
 
 
 def test_a_finished_group_trains_while_the_round_still_runs():
@@ -217,14 +223,14 @@ def test_a_finished_group_trains_while_the_round_still_runs():
 @given(run=runs)
 def test_tail_long_rounds_never_over_launch_nor_abort(run):
     policy, sched = build("tail", {}, run)
-    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"])
+    backend = RandomBackend(sched, seed=run["seed"], max_tokens=run["max_tokens"])
     for _ in range(run["steps"] + 4):
-        driver.run_step()
-    for end in driver.round_ends:
+        backend.run_step()
+    for end in backend.round_ends:
         if end.kind == "long":
             assert end.report.launched_requests == run["prompts"] * run["samples"]
             assert end.report.wasted_tokens == 0
-    long_launches = [c for c in driver.launches if c.max_new_tokens != run["max_tokens"]]
+    long_launches = [c for c in backend.launches if c.max_new_tokens != run["max_tokens"]]
     assert not long_launches
 
 
@@ -233,11 +239,11 @@ def test_tail_long_rounds_never_over_launch_nor_abort(run):
 def test_unbiased_tail_keeps_whole_groups(run):
     """eta_responses=1.0: every trained group is all R of its launched samples."""
     policy, sched = build("tail", {"eta_responses": 1.0}, run)
-    driver = RandomDriver(sched, seed=run["seed"], max_tokens=run["max_tokens"])
+    backend = RandomBackend(sched, seed=run["seed"], max_tokens=run["max_tokens"])
     for _ in range(run["steps"]):
-        driver.run_step()
+        backend.run_step()
     groups: dict = {}
-    for mb in driver.micro_batches:
+    for mb in backend.micro_batches:
         for ref in mb.samples:
             groups.setdefault((mb.step, ref.sample.prompt), []).append(ref.sample.sample_index)
     assert len(groups) == run["prompts"] * run["steps"]
@@ -247,20 +253,20 @@ def test_unbiased_tail_keeps_whole_groups(run):
 
 def test_tail_plays_short_then_long_rounds():
     policy, sched = build("tail", {}, {"prompts": 8, "samples": 4, "extra_prompts": 200, "max_tokens": 4000, "seed": 3})
-    driver = RandomDriver(sched, seed=3, max_tokens=4000)
+    backend = RandomBackend(sched, seed=3, max_tokens=4000)
     for _ in range(12):
-        driver.run_step()
-    kinds = [e.kind for e in driver.round_ends]
+        backend.run_step()
+    kinds = [e.kind for e in backend.round_ends]
     assert "long" in kinds and kinds.count("short") >= 3 * kinds.count("long")
     first_long = kinds.index("long")
     # a long round trains prompts that a short round deferred
-    deferred = {k for e in driver.round_ends[:first_long] for k in e.trained}
-    assert not deferred & set(driver.round_ends[first_long].trained)
+    deferred = {k for e in backend.round_ends[:first_long] for k in e.trained}
+    assert not deferred & set(backend.round_ends[first_long].trained)
 
 
 def test_engine_failures_are_retried_not_lost():
     policy, sched = build("sync", {}, {"prompts": 4, "samples": 4, "extra_prompts": 0, "max_tokens": 100, "seed": 1})
-    driver = RandomDriver(sched, seed=5, max_tokens=100, engine_fail_rate=0.3)
-    driver.run_step()
-    assert driver.round_ends[0].report.retried_requests > 0
-    assert driver.opt_steps[0].num_samples == 16
+    backend = RandomBackend(sched, seed=5, max_tokens=100, engine_fail_rate=0.3)
+    backend.run_step()
+    assert backend.round_ends[0].report.retried_requests > 0
+    assert backend.opt_steps[0].num_samples == 16

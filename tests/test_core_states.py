@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import RandomDriver, check_trained_exactly_once
+from helpers import RandomBackend, check_trained_exactly_once
 from rollpacker.core import (
     AbortRequest,
     LaunchRequest,
@@ -61,7 +61,7 @@ runs = st.fixed_dictionaries(
 )
 
 
-def driver_for(name, knobs, run, cls=RandomDriver):
+def backend_for(name, knobs, run, cls=RandomBackend):
     policy = make_policy(name, prompts=run["prompts"], samples=run["samples"], max_tokens=run["max_tokens"], **knobs)
     sched = Scheduler(policy, num_prompts=run["prompts"] + run["extra_prompts"], seed=run["seed"])
     return policy, cls(sched, seed=run["seed"], max_tokens=run["max_tokens"], engine_fail_rate=run["fail_rate"])
@@ -130,9 +130,9 @@ def test_every_transition_taken_is_in_the_table_and_tells_what_happened(name, kn
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(planner, "transition", recording(moves))
         mp.setattr(stream_batcher, "transition", recording(moves))
-        policy, driver = driver_for(name, knobs, run)
+        policy, backend = backend_for(name, knobs, run)
         for _ in range(run["steps"]):
-            driver.run_step()
+            backend.run_step()
     assert all(new in TRANSITIONS[current] for current, new, _ in moves)
 
     # every launched request took a path from RUNNING to a final state, and that state is its fate
@@ -140,27 +140,27 @@ def test_every_transition_taken_is_in_the_table_and_tells_what_happened(name, kn
     for current, new, subject in moves:
         if type(current) is RequestState:
             paths[subject].append((current, new))
-    assert set(paths) == {request_number(c.request_id) for c in driver.launches}
+    assert set(paths) == {request_number(c.request_id) for c in backend.launches}
     for number, path in paths.items():
         assert path[0][0] is RequestState.RUNNING
         assert all(a[1] is b[0] for a, b in zip(path, path[1:]))
         final = path[-1][1]
         assert not TRANSITIONS[final]
         rid = request_id(number)
-        if rid in driver.aborts_sent:
+        if rid in backend.aborts_sent:
             assert final is RequestState.ABORTED
         else:
-            assert final is (RequestState.DROPPED if rid in driver.aborted_answers else RequestState.FINISHED)
+            assert final is (RequestState.DROPPED if rid in backend.aborted_answers else RequestState.FINISHED)
 
     rounds = [(c, n) for c, n, _ in moves if type(c) is RoundPhase]
     assert rounds == [(RoundPhase.OPEN, RoundPhase.CLOSING), (RoundPhase.CLOSING, RoundPhase.ENDED)] * run["steps"]
     completed = [s for c, n, s in moves if n is GroupState.COMPLETE]
-    assert sorted(completed) == sorted(k for e in driver.round_ends for k in e.trained)
+    assert sorted(completed) == sorted(k for e in backend.round_ends for k in e.trained)
     rewards = [(n, s) for c, n, s in moves if type(c) is RewardStatus and n in (RewardStatus.SCORED, RewardStatus.DROPPED)]
-    assert sorted(s for _, s in rewards) == sorted(driver.rewarded)
+    assert sorted(s for _, s in rewards) == sorted(backend.rewarded)
 
 
-class ScoringDriver(RandomDriver):
+class ScoringBackend(RandomBackend):
     """Notes every sample the core asks to score whose request had been sent AbortRequest."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -168,13 +168,14 @@ class ScoringDriver(RandomDriver):
         self.scored_aborted: list[str] = []
         self.trained: set[str] = set()
 
-    def execute(self, commands) -> None:
-        for c in commands:
-            if isinstance(c, ScoreSample) and c.sample.request_id in self.aborts_sent:
-                self.scored_aborted.append(c.sample.request_id)
-            elif isinstance(c, TrainMicroBatch):
-                self.trained |= {r.sample.request_id for r in c.samples}
-        super().execute(commands)
+    def observe(self, notice) -> None:
+        if isinstance(notice, ScoreSample) and notice.sample.request_id in self.aborts_sent:
+            self.scored_aborted.append(notice.sample.request_id)
+        super().observe(notice)
+
+    def train(self, command: TrainMicroBatch) -> None:
+        self.trained |= {r.sample.request_id for r in command.samples}
+        super().train(command)
 
 
 @pytest.mark.parametrize("name,knobs", VARIANTS, ids=IDS)
@@ -184,14 +185,14 @@ def test_an_aborted_request_is_never_scored_unless_its_group_trains(name, knobs,
     """A request we aborted is never scored by an on-policy planner.  One that carries unfinished
     work keeps a late finish unscored and scores it when its group completes: a scoring is never
     spent on a sample that is then dropped (as stale, with staleness 0 always)."""
-    policy, driver = driver_for(name, knobs, run, ScoringDriver)
+    policy, backend = backend_for(name, knobs, run, ScoringBackend)
     for _ in range(run["steps"]):
-        driver.run_step()
+        backend.run_step()
     if not policy.carries:
-        assert not driver.scored_aborted
-    wasted = [rid for rid in driver.scored_aborted if rid not in driver.trained]
+        assert not backend.scored_aborted
+    wasted = [rid for rid in backend.scored_aborted if rid not in backend.trained]
     assert not wasted, f"{len(wasted)} aborted requests scored and not trained, e.g. {wasted[0]}"
-    assert len(driver.scored_aborted) == len(set(driver.scored_aborted))
+    assert len(backend.scored_aborted) == len(set(backend.scored_aborted))
 
 
 def test_a_late_finish_of_an_aborted_request_is_carried_unscored_then_scored_with_its_group():
@@ -224,10 +225,10 @@ def run_tail_predict(seed: int) -> tuple[Scheduler, list]:
     """Tail with prediction over 6 prompts, P=2: a draw that fills the long queue releases the keys
     drawn so far (PromptPool.release), so some keys go back without being launched."""
     sched = Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=300, predict=True), num_prompts=6, seed=seed)
-    driver = RandomDriver(sched, seed=seed, max_tokens=300)
+    backend = RandomBackend(sched, seed=seed, max_tokens=300)
     for _ in range(12):
-        driver.run_step()
-    return sched, [k for e in driver.round_ends for k in e.trained]
+        backend.run_step()
+    return sched, [k for e in backend.round_ends for k in e.trained]
 
 
 def test_exactly_once_check_catches_a_release_that_forgets_keys(monkeypatch):

@@ -5,19 +5,30 @@ backends and the simulator alike."""
 from __future__ import annotations
 
 import threading
+import typing
 
 import pytest
 
 from rollpacker.core import (
     AbortRequest,
     BatcherConfig,
+    CloseGroup,
+    Command,
+    EndRound,
     LaunchRequest,
     PromptKey,
+    RequestFinished,
+    Sample,
     Scheduler,
+    ScoreSample,
+    Segment,
+    SetTensorParallel,
+    StartScoring,
+    StepOptimizer,
     TrainMicroBatch,
     make_policy,
 )
-from rollpacker.driver import Driver, LoopConfig, StepLoop, StepTimeout, VirtualClock
+from rollpacker.driver import Driver, LoopConfig, ScorerAnswered, StepLoop, StepTimeout, VirtualClock
 from rollpacker.sim import SimConfig, Simulation
 
 from test_step_loop import Prompts, RecordingTrainer, ScriptedEngine, ScriptedRewards
@@ -50,6 +61,97 @@ def test_a_command_without_a_backend_method_is_an_error_not_a_silent_drop():
                     RecordingBackend())
     with pytest.raises(TypeError, match="no backend method"):
         driver.execute(["not a command"])
+
+
+class CommandsOnlyBackend:
+    """The Backend protocol's methods and nothing else: the driver must not send it a notice.  Every
+    request finishes (4 tokens) at the next wait, every scorer answers reward 1 at the one after."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.answers = log, []
+
+    def launch(self, commands) -> None:
+        self.log.append(("launch", len(commands)))
+        self.answers += [RequestFinished(c.request_id, 4, "stop") for c in commands]
+
+    def abort(self, request_ids) -> None:
+        self.log.append(("abort", tuple(request_ids)))
+
+    def set_tensor_parallel(self, command) -> None:
+        self.log.append(("set_tensor_parallel", command.tp))
+
+    def start_scoring(self, command: StartScoring) -> None:
+        self.log.append(("start_scoring", command.request_id))
+        self.answers.append(ScorerAnswered(command.request_id, 1.0))
+
+    def train(self, command) -> None:
+        self.log.append(("train", command.index))
+
+    def step_optimizer(self, command) -> None:
+        self.log.append(("step_optimizer", command.step))
+
+    def wait(self):
+        answers, self.answers = self.answers, []
+        return answers
+
+
+class Notices:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def observe(self, notice) -> None:
+        rid = notice.sample.request_id if isinstance(notice, ScoreSample) else getattr(notice, "request_id", None)
+        self.log.append((type(notice).__name__, rid))
+
+    def finish_step(self, ledger, pending) -> dict:
+        self.log.append(("finish_step", len(ledger.trained)))
+        return {"trained": len(ledger.trained)}
+
+
+def test_the_backend_gets_only_commands_and_the_observer_every_notice_in_order():
+    """Sync P=2 R=2: the step's start, each kept sample before its scoring starts, each settled
+    reward, each closed group and the round's end go to the observer; launches, scorings, training
+    and the optimizer step to the backend; the record is the observer's."""
+    log: list = []
+    sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=8), num_prompts=4)
+    record = Driver(sched, CommandsOnlyBackend(log), VirtualClock(), observer=Notices(log)).run_step()
+    assert record == {"trained": 2} and log[-1] == ("finish_step", 2)
+    kinds = [k for k, _ in log]
+    assert kinds[:2] == ["StepBegun", "launch"]
+    kept = [rid for k, rid in log if k == "ScoreSample"]
+    assert len(kept) == 4 and sorted(rid for k, rid in log if k == "start_scoring") == sorted(kept)
+    assert sorted(rid for k, rid in log if k == "RewardScored") == sorted(kept)
+    for rid in kept:  # told before its scorer runs, settled after
+        assert log.index(("ScoreSample", rid)) < log.index(("start_scoring", rid)) < log.index(("RewardScored", rid))
+    assert kinds.count("CloseGroup") == 2 and kinds.count("EndRound") == 1 and kinds.count("step_optimizer") == 1
+    assert kinds.index("EndRound") < kinds.index("step_optimizer")
+
+
+def test_a_backend_that_does_not_observe_needs_an_observer():
+    sched = Scheduler(make_policy("sync", prompts=1, samples=1, max_tokens=8), num_prompts=1)
+    with pytest.raises(TypeError, match="CommandsOnlyBackend does not observe"):
+        Driver(sched, CommandsOnlyBackend([]))
+
+
+def test_every_core_command_has_a_route_and_start_scoring_is_one():
+    """Each member of `Command` goes to the backend or the observer; none is refused."""
+    assert StartScoring in typing.get_args(Command)
+    backend = RecordingBackend()
+    sched = Scheduler(make_policy("sync", prompts=1, samples=1, max_tokens=8), num_prompts=1)
+    sample = Sample("rp000000000001", PromptKey(0, 0), 0, (Segment("rp000000000001", 4, 0),), "stop")
+    examples = {
+        SetTensorParallel: SetTensorParallel(2), LaunchRequest: launch(1), AbortRequest: AbortRequest("rp000000000001"),
+        ScoreSample: ScoreSample(sample), StartScoring: StartScoring("rp000000000001", 30.0, 30.0),
+        CloseGroup: CloseGroup(PromptKey(0, 0), (sample,)), TrainMicroBatch: TrainMicroBatch(0, 0, ()),
+        StepOptimizer: StepOptimizer(0, 1.0, 0, 0, 0),
+        EndRound: EndRound(0, "normal", (PromptKey(0, 0),), None),  # type: ignore[arg-type]
+    }
+    assert set(examples) == set(typing.get_args(Command))
+    for kind, command in examples.items():
+        backend.calls.clear()
+        Driver(sched, backend).execute([command])
+        assert backend.calls, f"{kind.__name__} went nowhere"
+    assert backend.calls[-1] == ("observe", examples[EndRound])
 
 
 class TickingEngine(ScriptedEngine):

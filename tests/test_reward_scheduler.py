@@ -18,11 +18,11 @@ from rollpacker.core import (
     RewardScored,
     Scheduler,
     ScoreSample,
-    StepOptimizer,
     make_policy,
 )
 from rollpacker.core.records import request_id, request_number
 from rollpacker.core.reward_scheduler import RewardConfig, RewardScheduler, StartScoring
+from rollpacker.driver import DeadlinePassed, Driver, ScorerAnswered, VirtualClock
 
 
 def starts(out):
@@ -102,51 +102,78 @@ def test_every_submitted_sample_gets_exactly_one_reward(jobs, workers):
     assert all(a.reward == 0.0 for a in answered if a.failed)
 
 
+class TimedScorers:
+    """A fake backend of `driver.Driver` on a VirtualClock: each request finishes 1-3 s after its
+    launch, each scorer takes the next of `durations` (inf: a hang) and answers reward 1 for an even
+    request number; one past its timeout is left to the core's deadline.  It checks every
+    StartScoring against the adaptive rule from the correct answers seen before it started, and
+    observes (counts) the rewards the core settles."""
+
+    def __init__(self, sched: Scheduler, config: RewardConfig, durations) -> None:
+        self.config, self.clock = config, VirtualClock()
+        self.driver = Driver(sched, self, self.clock)
+        self.heap, self.tick, self.draw = [], itertools.count(), itertools.cycle(durations)
+        self.kept, self.answered, self.anchor, self.opt_steps = [], Counter(), None, 0
+
+    def _push(self, at: float, item) -> None:
+        heapq.heappush(self.heap, (at, next(self.tick), item))
+
+    def launch(self, commands) -> None:
+        for c in commands:
+            done = self.clock.now() + 1.0 + request_number(c.request_id) % 3
+            self._push(done, RequestFinished(c.request_id, 4, "stop", done))
+
+    def abort(self, request_ids) -> None:
+        """The requests finish anyway: the core takes a finish after its abort."""
+
+    def start_scoring(self, command: StartScoring) -> None:
+        now = self.clock.now()
+        assert command.timeout == self.config.timeout(self.anchor) and command.deadline == now + command.timeout
+        seconds = next(self.draw)
+        if seconds < command.timeout:
+            reward = float(request_number(command.request_id) % 2 == 0)  # even requests are correct
+            self._push(now + seconds, ScorerAnswered(command.request_id, reward, seconds=seconds))
+        else:
+            self._push(command.deadline, DeadlinePassed())
+
+    def train(self, command) -> None: ...
+
+    def step_optimizer(self, command) -> None:
+        self.opt_steps += 1
+
+    def wait(self) -> list:
+        at, _, item = heapq.heappop(self.heap)
+        self.clock.advance_to(at)
+        if isinstance(item, ScorerAnswered) and item.reward > 0:
+            self.anchor = max(self.anchor or 0.0, item.seconds)
+        return [item]
+
+    def observe(self, notice) -> None:
+        if isinstance(notice, ScoreSample):
+            self.kept.append(notice.sample.request_id)
+        elif isinstance(notice, RewardScored):
+            self.answered[notice.request_id] += 1
+            assert not notice.failed or notice.reward == 0.0
+
+    def finish_step(self, ledger, pending) -> dict:
+        return {}
+
+
 @given(st.lists(st.one_of(st.floats(0.0, 40.0), st.just(math.inf)), min_size=1, max_size=12),
        st.integers(1, 3), st.sampled_from(["sync", "tail", "partial"]))
 def test_scheduler_scores_every_kept_sample_once_by_the_cores_deadline(durations, workers, policy):
-    """A driver that runs scorers through the Scheduler (start_scoring, scoring_finished,
-    expire_rewards), with scorer times drawn from `durations` (inf: a hang), finishes each step:
-    every kept sample is answered exactly once, by the deadline the core gave it, and each deadline
-    follows the adaptive rule from the correct answers seen before it started."""
+    """The real driver over scorers with times drawn from `durations` (inf: a hang) finishes each
+    step with one optimizer step: every kept sample is answered exactly once, by the deadline the
+    core gave it, and each deadline follows the adaptive rule from the correct answers seen before
+    it started."""
     config = RewardConfig(workers=workers, t_min=2.0, scale=1.5, t_max=30.0)
     sched = Scheduler(make_policy(policy, prompts=2, samples=2, max_tokens=8), num_prompts=6, rewards=config)
-    heap, tick, draw = [], itertools.count(), itertools.cycle(durations)
-    kept, answered, anchor = [], Counter(), None
-    for _ in range(2):
-        now, work = 0.0, list(sched.begin_round())
-        while True:
-            for item in work:
-                if isinstance(item, LaunchRequest):
-                    done = now + 1.0 + request_number(item.request_id) % 3
-                    heapq.heappush(heap, (done, next(tick), RequestFinished(item.request_id, 4, "stop", done)))
-                elif isinstance(item, ScoreSample):
-                    kept.append(item.sample.request_id)
-                    work.extend(sched.start_scoring(item.sample.request_id, now))
-                elif isinstance(item, StartScoring):
-                    assert item.timeout == config.timeout(anchor) and item.deadline == now + item.timeout
-                    seconds = next(draw)
-                    answer = ("answer", item.request_id, seconds) if seconds < item.timeout else ("expire",)
-                    heapq.heappush(heap, (now + min(seconds, item.timeout), next(tick), answer))
-                elif isinstance(item, RewardScored):
-                    answered[item.request_id] += 1
-                    assert not item.failed or item.reward == 0.0
-            if sched.step_done:
-                break
-            now, _, event = heapq.heappop(heap)
-            if isinstance(event, RequestFinished):
-                work = sched.handle(event)
-            elif event[0] == "answer":
-                reward = float(request_number(event[1]) % 2 == 0)  # even requests are correct
-                if reward > 0:
-                    anchor = max(anchor or 0.0, event[2])
-                work = sched.scoring_finished(event[1], reward, now, seconds=event[2])
-            else:
-                work = sched.expire_rewards(now)
-            assert any(isinstance(c, StepOptimizer) for c in work) or not sched.step_done
-    trained_or_pending = set(kept)
-    assert set(answered) <= trained_or_pending and all(n == 1 for n in answered.values())
-    assert sched.reward_state.anchor == anchor
+    backend = TimedScorers(sched, config, durations)
+    for step in range(2):
+        backend.driver.run_step()
+        assert sched.step_done and backend.opt_steps == step + 1
+    assert set(backend.answered) <= set(backend.kept) and all(n == 1 for n in backend.answered.values())
+    assert sched.reward_state.anchor == backend.anchor
 
 
 def test_adaptive_deadline_survives_a_checkpoint_restore():

@@ -31,6 +31,7 @@ from .commands import (
     RoundReport,
     ScoreSample,
     SetTensorParallel,
+    StartScoring,
     StepOptimizer,
     TrainMicroBatch,
     TrainSampleRef,
@@ -54,7 +55,7 @@ from .policies import (
 )
 from .prompt_pool import PromptPool
 from .records import PromptKey, Sample, Segment
-from .reward_scheduler import RewardConfig, RewardScheduler, StartScoring
+from .reward_scheduler import RewardConfig, RewardScheduler
 from .scheduler import Scheduler
 from .stream_batcher import BatcherConfig, StreamBatcher
 from .tp_planner import TP_MODES, TpRule
@@ -62,7 +63,7 @@ from .tp_planner import TP_MODES, TpRule
 __all__ = [
     # driving the core
     "Scheduler", "Event", "RequestFinished", "RequestAborted", "TokensGenerated", "RewardScored",
-    "Command", "LaunchRequest", "AbortRequest", "ScoreSample", "CloseGroup", "TrainMicroBatch",
+    "Command", "LaunchRequest", "AbortRequest", "ScoreSample", "StartScoring", "CloseGroup", "TrainMicroBatch",
     "TrainSampleRef", "StepOptimizer", "EndRound", "RoundReport",
     # prompts and lengths
     "PromptPool", "PromptKey", "LengthPrediction", "Sample", "Segment",
@@ -72,7 +73,7 @@ __all__ = [
     # training batches
     "StreamBatcher", "BatcherConfig", "advantages",
     # rewards
-    "RewardScheduler", "RewardConfig", "StartScoring",
+    "RewardScheduler", "RewardConfig",
     # tensor parallelism
     "TpRule", "TP_MODES", "SetTensorParallel", "CostModel", "ModelShape", "Hardware",
     # metrics

@@ -54,6 +54,18 @@ class ScoreSample:
 
 
 @frozen
+class StartScoring:
+    """Run the scorer of `request_id` now (the core's reward scheduler gave it a worker); the core
+    gives up on it at `deadline` (answer: `scoring_finished`, or `expire_rewards` once the deadline passed)."""
+
+    request_id: str
+    deadline: float
+    timeout: float
+    queued_s: float = 0.0
+    """How long the sample waited for a worker (since `start_scoring`)."""
+
+
+@frozen
 class CloseGroup:
     """All samples of `prompt`'s group are kept for this step (rewards may still be pending)."""
 
@@ -150,5 +162,6 @@ class RoundReport:
 
 
 Command = (
-    SetTensorParallel | LaunchRequest | AbortRequest | ScoreSample | CloseGroup | TrainMicroBatch | StepOptimizer | EndRound
+    SetTensorParallel | LaunchRequest | AbortRequest | ScoreSample | StartScoring | CloseGroup | TrainMicroBatch
+    | StepOptimizer | EndRound
 )

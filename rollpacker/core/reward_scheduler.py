@@ -28,6 +28,7 @@ import attrs
 from attrs import field, frozen
 from immutables import Map
 
+from .commands import StartScoring
 from .errors import ConfigError, SchedulerMisuse
 from .events import RewardScored
 from .records import request_number
@@ -51,17 +52,6 @@ class RewardConfig:
         if anchor is None:
             return self.t_max
         return min(max(self.t_min, self.scale * anchor), self.t_max)
-
-
-@frozen
-class StartScoring:
-    """Run the scorer of `request_id` now; the scheduler gives up on it at `deadline`."""
-
-    request_id: str
-    deadline: float
-    timeout: float
-    queued_s: float = 0.0
-    """How long the sample waited for a worker (since `start_scoring`)."""
 
 
 @frozen

@@ -32,8 +32,8 @@ from rollpacker.core import (
     LaunchRequest,
     RequestAborted,
     RequestFinished,
-    RewardScored,
     Scheduler,
+    ScoreSample,
     SetTensorParallel,
     StartScoring,
     StepOptimizer,
@@ -54,7 +54,7 @@ from rollpacker.core.protocols import (
 from rollpacker.core.records import PromptKey, Sample, Segment, request_number
 
 from .clock import Clock, WallClock
-from .loop import Driver, Input, ScorerAnswered
+from .loop import Driver, Input, Notice, ScorerAnswered, StepBegun
 from .step_log import Interval, StepLog
 from .train_worker import OPTIMIZER_STEP, TrainerRan, TrainWorker
 
@@ -130,6 +130,21 @@ class LiveBackend:
         self._reward_jobs: dict[str, RewardJob] = {}
         """Reward jobs of kept samples waiting for the core to start their scoring."""
         self._log = StepLog(start=clock.now())
+
+    # -- what the driver tells -------------------------------------------------------------------
+
+    def observe(self, notice: Notice) -> None:
+        """The driver's notices, each to its method below.  A `RewardScored` needs nothing: the
+        executor enforces the deadline itself, and its outcome was recorded as it came (`wait`)."""
+        match notice:
+            case StepBegun():
+                self.begin_step(notice.commands)
+            case ScoreSample():
+                self.keep(notice.sample)
+            case CloseGroup():
+                self.close_group(notice)
+            case EndRound():
+                self.end_round(notice)
 
     # -- the step's bounds -----------------------------------------------------------------------
 
@@ -218,9 +233,6 @@ class LiveBackend:
         """Send the job to the executor with the core's deadline for it."""
         self._log.reward_waits.append(command.queued_s)
         self.rewards.submit(attrs.evolve(self._reward_jobs.pop(command.request_id), deadline_s=command.timeout))
-
-    def scored(self, event: RewardScored) -> None:
-        """The executor enforces the deadline itself: its outcome was recorded as it came."""
 
     def close_group(self, command: CloseGroup) -> None:
         self._log.groups.append(tuple(s.request_id for s in command.samples))

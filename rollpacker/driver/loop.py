@@ -9,9 +9,17 @@ the simulator is another (`rollpacker.sim.Simulation`): both run this loop.
     driver = Driver(scheduler, backend, clock)
     record = driver.run_step()       # begin a round, loop until the optimizer step, the step's metrics
 
-Scoring: `ScoreSample` asks the backend to prepare the sample's reward job (`keep`) and hands it to
-the core's reward scheduler; each `StartScoring` it gives back (RollPacker's adaptive deadline
-included) goes to the backend, whose answers come back through `wait` as `ScorerAnswered`.
+The backend gets only what it must do (`Backend`: launch, abort, set_tensor_parallel,
+start_scoring, train, step_optimizer, wait).  What it may want to know goes to one observer hook,
+`Observer.observe(notice)`: the step's start (`StepBegun`), a sample kept for scoring
+(`ScoreSample`), the reward the core settled (`RewardScored`), a closed group (`CloseGroup`), the
+round's end (`EndRound`); `Observer.finish_step` makes the step's record.  A backend that also
+observes (LiveBackend, the simulator, the test harness) is its own observer unless given another.
+
+Scoring: a `ScoreSample` is told to the observer first (the backend prepares the sample's reward
+job), then handed to the core's reward scheduler; each `StartScoring` it gives back (RollPacker's
+adaptive deadline included) is a command like the others, and the scorers' answers come back
+through `wait` as `ScorerAnswered`.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from rollpacker.core import (
     StepOptimizer,
     TrainMicroBatch,
 )
-from rollpacker.core.records import PromptKey, Sample
+from rollpacker.core.records import PromptKey
 
 from .clock import Clock, WallClock
 
@@ -63,11 +71,19 @@ class DeadlinePassed:
 Input = RequestFinished | RequestAborted | ScorerAnswered | DeadlinePassed
 
 
-class Backend(Protocol):
-    """What the driver executes the core's commands against."""
+@frozen
+class StepBegun:
+    """A step starts; `commands` are its round's first (not yet executed)."""
 
-    def begin_step(self, commands: Sequence[Command]) -> None:
-        """A step starts; `commands` are its round's first (not yet executed)."""
+    commands: tuple[Command, ...]
+
+
+Notice = StepBegun | ScoreSample | RewardScored | CloseGroup | EndRound
+"""What the driver tells its observer; nothing in a notice is to be executed."""
+
+
+class Backend(Protocol):
+    """What the driver executes the core's commands against: only real work."""
 
     def set_tensor_parallel(self, command: SetTensorParallel) -> None:
         """Run the rollout at another TP from this round on (only a Scheduler given a TpRule asks)."""
@@ -76,21 +92,12 @@ class Backend(Protocol):
 
     def abort(self, request_ids: Sequence[str]) -> None: ...
 
-    def keep(self, sample: Sample) -> None:
-        """The planner keeps this finished response for training: prepare its scoring."""
-
-    def start_scoring(self, command: StartScoring) -> None: ...
-
-    def scored(self, event: RewardScored) -> None:
-        """The reward the core settled for a kept sample (a timeout's included)."""
-
-    def close_group(self, command: CloseGroup) -> None: ...
+    def start_scoring(self, command: StartScoring) -> None:
+        """Run the kept sample's scorer; the core gives up on it at `command.deadline`."""
 
     def train(self, command: TrainMicroBatch) -> None:
         """Start training the micro-batch and return without waiting for it: the loop must go on
         feeding the core (a round ends, and its tail is aborted, while training runs)."""
-
-    def end_round(self, command: EndRound) -> None: ...
 
     def step_optimizer(self, command: StepOptimizer) -> None:
         """Wait for every micro-batch of the step, step the optimizer, sync the weights."""
@@ -98,14 +105,36 @@ class Backend(Protocol):
     def wait(self) -> Sequence[Input]:
         """Block (or, simulated, move the clock) until something happens; return what happened."""
 
+
+class Observer(Protocol):
+    """What the driver tells, and the step's record it asks for once the optimizer has stepped."""
+
+    def observe(self, notice: Notice) -> None:
+        """`StepBegun`, then as they come: `ScoreSample` (before its scoring is queued: prepare the
+        reward job), `RewardScored` (a timeout's included), `CloseGroup`, `EndRound`."""
+
     def finish_step(self, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
         """The step's metrics record (`core.step_record`), after its optimizer step."""
 
 
+_BACKEND_METHOD = {
+    SetTensorParallel: "set_tensor_parallel",
+    StartScoring: "start_scoring",
+    TrainMicroBatch: "train",
+    StepOptimizer: "step_optimizer",
+}
+"""Commands that one backend call executes (launches and aborts go in runs: `Driver.execute`)."""
+
+
 class Driver:
-    def __init__(self, scheduler: Scheduler, backend: Backend, clock: Clock | None = None) -> None:
+    def __init__(self, scheduler: Scheduler, backend: Backend, clock: Clock | None = None,
+                 observer: Observer | None = None) -> None:
         self.sched = scheduler
         self.backend = backend
+        if observer is None and not (hasattr(backend, "observe") and hasattr(backend, "finish_step")):
+            raise TypeError(f"driver: {type(backend).__name__} does not observe (no observe/finish_step): "
+                            "pass Driver(..., observer=...)")
+        self.observer: Observer = observer if observer is not None else backend  # type: ignore[assignment]
         self.clock = clock or WallClock()
         self.ledger = EpochLedger()
         """Prompt keys trained so far (duplicates are counted, never expected)."""
@@ -113,12 +142,12 @@ class Driver:
     def run_step(self) -> dict:
         """Play one round, train it with one optimizer step; return the step's metrics."""
         commands = self.sched.begin_round()
-        self.backend.begin_step(commands)
+        self.observer.observe(StepBegun(tuple(commands)))
         self.execute(commands)
         while not self.sched.step_done:
             for item in self.backend.wait():
                 self.execute(self.feed(item))
-        return self.backend.finish_step(self.ledger, self.pending_prompts())
+        return self.observer.finish_step(self.ledger, self.pending_prompts())
 
     def pending_prompts(self) -> frozenset[PromptKey]:
         """Prompts drawn from the pool and not trained yet (running, deferred or returned)."""
@@ -147,23 +176,17 @@ class Driver:
                     self._run_one(command)
 
     def _run_one(self, command) -> None:
-        if isinstance(command, SetTensorParallel):
-            self.backend.set_tensor_parallel(command)
-        elif isinstance(command, ScoreSample):
-            self.backend.keep(command.sample)
+        kind = type(command)
+        method = _BACKEND_METHOD.get(kind)
+        if method is not None:
+            getattr(self.backend, method)(command)  # (looked up per call: a test may wrap a backend's method)
+        elif kind is ScoreSample:
+            self.observer.observe(command)
             self.execute(self.sched.start_scoring(command.sample.request_id, self.clock.now()))
-        elif isinstance(command, StartScoring):
-            self.backend.start_scoring(command)
-        elif isinstance(command, RewardScored):
-            self.backend.scored(command)
-        elif isinstance(command, CloseGroup):
-            self.backend.close_group(command)
-        elif isinstance(command, TrainMicroBatch):
-            self.backend.train(command)
-        elif isinstance(command, EndRound):
+        elif kind is RewardScored or kind is CloseGroup:
+            self.observer.observe(command)
+        elif kind is EndRound:
             self.ledger = self.ledger.record(command.trained)
-            self.backend.end_round(command)
-        elif isinstance(command, StepOptimizer):
-            self.backend.step_optimizer(command)
+            self.observer.observe(command)
         else:
             raise TypeError(f"driver: no backend method for command {command!r}")

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 from rollpacker.core import (
     BatcherConfig,
-    CloseGroup,
     Command,
     EndRound,
     EpochLedger,
@@ -28,7 +27,9 @@ from rollpacker.core import (
     RequestFinished,
     RewardScored,
     Scheduler,
+    ScoreSample,
     SetTensorParallel,
+    StartScoring,
     StepOptimizer,
     TpRule,
     TrainMicroBatch,
@@ -37,8 +38,8 @@ from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.records import PromptKey, Sample
 from rollpacker.core.tp_planner import check_tp
-from rollpacker.core.reward_scheduler import RewardConfig, StartScoring
-from rollpacker.driver import DeadlinePassed, Driver, Input, ScorerAnswered, VirtualClock
+from rollpacker.core.reward_scheduler import RewardConfig
+from rollpacker.driver import DeadlinePassed, Driver, Input, Notice, ScorerAnswered, StepBegun, VirtualClock
 
 from .config import SimConfig
 from .constants import MODELS, SimConstants
@@ -132,6 +133,19 @@ class Simulation:
     def run_step(self) -> dict:
         """One simulated step, driven by the same Driver as a real run."""
         return self.driver.run_step()
+
+    def observe(self, notice: Notice) -> None:
+        """The driver's notices, each to its method here (a closed group needs nothing: the
+        simulated trainer needs only the micro-batches)."""
+        match notice:
+            case StepBegun():
+                self.begin_step(notice.commands)
+            case ScoreSample():
+                self.keep(notice.sample)
+            case RewardScored():
+                self.scored(notice)
+            case EndRound():
+                self.end_round(notice)
 
     def begin_step(self, commands: Sequence[Command]) -> None:
         self.step_start = self.now
@@ -251,9 +265,6 @@ class Simulation:
 
     def scored(self, event: RewardScored) -> None:
         self.meter.reward(event)
-
-    def close_group(self, command: CloseGroup) -> None:
-        """Nothing to do: the simulated trainer needs only the micro-batches."""
 
     def train(self, cmd: TrainMicroBatch) -> None:
         self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)
