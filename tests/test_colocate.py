@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -93,3 +94,96 @@ def test_release_refuses_while_requests_run_and_unknown_tags():
             engine.submit([GenerationRequest("y", (1, 2, 3), 8, temperature=0.0)])
         engine.resume_memory()
         assert len(greedy(engine, "z")) == NUM_NEW
+
+
+# -- the driver over a real `rollpacker serve` ----------------------------------------------------
+
+CALL = re.compile(r"call (\w+) (/\w+) at=([\d.]+)")
+TAGS = re.compile(r"(/\w+_memory_occupation) tags=(\[.*\])")
+
+
+def parity_scorer(task, entry, response) -> float:
+    """Reward 1 for a response whose first token id is even: groups whose rewards differ."""
+    return float(response[0] % 2 == 0)
+
+
+class Prompts:
+    def __len__(self) -> int:
+        return 4
+
+    def prompt_ids(self, index: int) -> tuple[int, ...]:
+        return (1, 100 + index, 7)
+
+    def reward_job(self, request_id, index, response_ids):
+        from rollpacker.core.protocols import RewardJob
+
+        return RewardJob(request_id, "parity", index, tuple(response_ids))
+
+
+def server_calls(log_text: str) -> list[tuple[str, float, str]]:
+    """(path, wall-clock time, memory tags or "") of every call the server logged, in order."""
+    calls = []
+    for line in log_text.splitlines():
+        if (m := CALL.search(line)) is not None:
+            calls.append((m.group(2), float(m.group(3)), ""))
+        elif (m := TAGS.search(line)) is not None and calls and calls[-1][0] == m.group(1):
+            calls[-1] = (*calls[-1][:2], m.group(2))
+    return calls
+
+
+@pytest.mark.timeout(600)
+def test_colocated_step_on_a_server_releases_trains_resumes_syncs_then_generates_the_trainers_tokens():
+    pytest.importorskip("aiohttp")
+    from sglang_helpers import SERVE_ARGS, tiny_model
+    from test_weight_sync import reference_greedy
+
+    from rollpacker.backends.rewards.pool import ProcessRewardExecutor
+    from rollpacker.backends.sglang.client import SGLangEngine
+    from rollpacker.backends.sglang.launch import launch_servers
+    from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
+    from rollpacker.core import BatcherConfig, Scheduler, make_policy
+    from rollpacker.driver import LoopConfig, StepLoop
+
+    model = tiny_model()
+    stamps: list[tuple[str, float]] = []
+
+    class StampedTrainer(TorchTrainer):  # the real trainer; each call's wall-clock span is noted
+        def forward_backward(self, batch):
+            stamps.append(("train", time.time()))
+            stats = super().forward_backward(batch)
+            stamps.append(("train", time.time()))
+            return stats
+
+        def optimizer_step(self, loss_normalizer):
+            stats = super().optimizer_step(loss_normalizer)
+            stamps.append(("optimizer step", time.time()))
+            return stats
+
+    trainer = StampedTrainer(TorchTrainerConfig(model_dir=model, lr=1e-2, seed=0, device="cpu"))
+    sched = Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=8), num_prompts=4,
+                      batcher=BatcherConfig(token_budget=1))
+    with launch_servers(model, num_servers=1, kind="rollpacker", extra_args=(*SERVE_ARGS, "--log-calls"),
+                        timeout_s=120) as group, \
+            SGLangEngine(group.urls, expected_model=model) as engine, \
+            ProcessRewardExecutor(1, scorer=parity_scorer) as rewards:
+        loop = StepLoop(sched, engine, rewards, trainer, Prompts(), LoopConfig(colocate=True))
+        try:
+            record = loop.run_step()
+        finally:
+            loop.close()
+        after = greedy(engine, "rp900000000000", prompt=(1, 2, 3))
+        calls = server_calls(group.servers[0].log_path.read_text())
+    assert record["trained_prompts"] == 2 and record["train_overlapped_s"] == 0.0
+    paths = [c[0] for c in calls]
+    release = paths.index("/release_memory_occupation")
+    assert "/generate" in paths[:release] and "/generate" not in paths[release:-1] and paths[-1] == "/generate"
+    protocol = [(p, tags) for p, _, tags in calls[release:] if p not in ("/pause_generation", "/continue_generation")]
+    assert protocol == [("/release_memory_occupation", "['weights', 'kv_cache']"),
+                        ("/resume_memory_occupation", "['weights']"),
+                        ("/update_weights_from_disk", ""),
+                        ("/resume_memory_occupation", "['kv_cache']"),
+                        ("/generate", "")]
+    released_at, resumed_at = calls[release][1], calls[release + 1][1]
+    assert stamps and all(released_at < t < resumed_at for _, t in stamps), \
+        "every micro-batch and the optimizer step ran while the engine's memory was released"
+    assert after == reference_greedy(model, trainer.export_weights()), "after resume: the trainer's greedy tokens"

@@ -34,6 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 from attrs import field, frozen
 from attrs.validators import ge, gt, in_, optional
 
+from rollpacker.core.errors import ConfigError
+
 ENGINE_FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -110,6 +112,18 @@ class RolloutEngine(Protocol):
 
 MEMORY_TAGS = ("weights", "kv_cache")
 """What `release_memory` / `resume_memory` free and allocate again (SGLang's tag names)."""
+
+
+def check_memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
+    """The tags asked for (None: all), each one of `MEMORY_TAGS`, in that order; else a ConfigError."""
+    if tags is None:
+        return MEMORY_TAGS
+    if isinstance(tags, str) or not isinstance(tags, Sequence) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError(f"memory tags must be a list of strings from {list(MEMORY_TAGS)}, got {tags!r}")
+    unknown = [t for t in tags if t not in MEMORY_TAGS]
+    if unknown:
+        raise ConfigError(f"unknown memory tag(s) {unknown}: the tags are {list(MEMORY_TAGS)}")
+    return tuple(t for t in MEMORY_TAGS if t in tags)
 
 
 @runtime_checkable

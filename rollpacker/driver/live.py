@@ -13,6 +13,9 @@ round ends, and its tail is aborted, when the P-th group completes, not when a m
 Only the single `StepOptimizer` waits for every micro-batch of the step; then the new weights go to
 the engine: pause, update, resume.  The step's record splits the trainer's time into
 `train_overlapped_s` (while the round generated) and `train_exposed_s` (after the round's end).
+Colocated (`LoopConfig.colocate`, `colocate.Colocation`): micro-batches wait for the round's end,
+the engine's memory is released before they train and resumed with the weight sync; `sync_s` counts
+the release, the resume and the sync.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from rollpacker.core.protocols import (
 from rollpacker.core.records import PromptKey, Sample, Segment, request_number
 
 from .clock import Clock, WallClock
+from .colocate import Colocation
 from .loop import Driver, Input, ScorerAnswered
 from .step_log import Interval, StepLog, split_training
 from .train_worker import OPTIMIZER_STEP, TrainerRan, TrainWorker
@@ -102,6 +106,8 @@ class LoopConfig:
     """How long one poll of the engine may wait when nothing else is due."""
     step_timeout_s: float | None = None
     """Fail a step that runs longer than this (None: no limit)."""
+    colocate: bool = False
+    """The engine and the trainer share the GPUs: train after the round, with the engine's memory released."""
 
 
 class LiveBackend:
@@ -129,6 +135,7 @@ class LiveBackend:
         self._reward_jobs: dict[str, RewardJob] = {}
         """Reward jobs of kept samples waiting for the core to start their scoring."""
         self._log = StepLog(start=clock.now())
+        self.colocation = Colocation(engine) if self.config.colocate else None
 
     # -- the step's bounds -----------------------------------------------------------------------
 
@@ -227,7 +234,9 @@ class LiveBackend:
         """Hand the micro-batch to the train worker and return at once."""
         samples = [self._train_sample(ref) for ref in command.samples]
         self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
-        self.worker.forward_backward(command.index, MicroBatch(tuple(samples)))
+        batch = MicroBatch(tuple(samples))
+        if self.colocation is None or not self.colocation.hold(command.index, batch):
+            self.worker.forward_backward(command.index, batch)
 
     def _trained(self, jobs: Sequence[TrainerRan]) -> None:
         """Record what the worker finished: micro-batch statistics, and when it trained (the timeline's
@@ -258,6 +267,10 @@ class LiveBackend:
         log.report = command.report
         log.carried = frozenset(command.carried_requests)
         log.trained = command.trained
+        if self.colocation is not None:  # the engine is idle: its memory goes to the trainer
+            for index, batch in self.colocation.release():
+                self.worker.forward_backward(index, batch)
+            log.sync_s += self.clock.now() - log.start - log.round_end
 
     def step_optimizer(self, command: StepOptimizer) -> None:
         """The one wait on training: the step's micro-batches, then the optimizer step, then the sync."""
@@ -269,8 +282,9 @@ class LiveBackend:
             raise self._timed_out(log) from None
         self._trained(self.worker.poll())
         t = self.clock.now()
-        sync_weights(self.engine, self.worker, version=command.step + 1)
-        log.sync_s = self.clock.now() - t
+        sync = lambda: sync_weights(self.engine, self.worker, version=command.step + 1)  # noqa: E731
+        self.colocation.resume(sync) if self.colocation is not None else sync()
+        log.sync_s += self.clock.now() - t
         # the step is trained: only tokens that a later round resumes or trains are still needed
         self.tokens = {rid: r for rid, r in self.tokens.items() if rid in log.carried}
         self._settle_outcomes()

@@ -40,14 +40,14 @@ import torch
 
 from rollpacker.backends._drain import drain
 from rollpacker.backends.embedded.batch import Row, RunningBatch
-from rollpacker.backends.embedded.memory import EngineMemory, check_tags
+from rollpacker.backends.embedded.memory import EngineMemory
 from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.embedded.speculation import SPEC_MAX_ROWS_CUDA, SpeculationStats, Speculator
 from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
 from rollpacker.backends.errors import BackendMisuse, EngineFailed
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
+from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, check_memory_tags
 
 
 class UnknownRequest(BackendMisuse):
@@ -263,7 +263,7 @@ class EmbeddedEngine:
     def release_memory(self, tags: Sequence[str] | None = None) -> None:
         """Free the memory of `tags` ("weights", "kv_cache"; None: both) while nothing is in flight;
         the weights' contents are lost (a weight update brings them back after `resume_memory`)."""
-        tags = check_tags(tags)
+        tags = check_memory_tags(tags)
         with self._cond:
             self._check_open()
             if self._live_ids or self._inbox:
@@ -277,7 +277,7 @@ class EmbeddedEngine:
     def resume_memory(self, tags: Sequence[str] | None = None) -> None:
         """Allocate the memory of `tags` again (None: every released one): the weights first, empty
         until `update_weights`; on CUDA the KV cache at its planned size and every decode graph."""
-        tags = check_tags(tags)
+        tags = check_memory_tags(tags)
         error = self._on_loop(lambda: self._memory.allocate(tags), "resuming memory")
         if isinstance(error, BackendMisuse):
             raise error

@@ -20,20 +20,7 @@ import torch
 
 from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.errors import BackendMisuse
-from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import MEMORY_TAGS
-
-
-def check_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
-    """The tags asked for (None: all), each one of `MEMORY_TAGS`, in that order."""
-    if tags is None:
-        return MEMORY_TAGS
-    if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
-        raise ConfigError(f"memory tags must be a list of strings from {list(MEMORY_TAGS)}, got {tags!r}")
-    unknown = [t for t in tags if t not in MEMORY_TAGS]
-    if unknown:
-        raise ConfigError(f"unknown memory tag(s) {unknown}: the tags are {list(MEMORY_TAGS)}")
-    return tuple(t for t in MEMORY_TAGS if t in tags)
 
 
 class EngineMemory:
