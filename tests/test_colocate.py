@@ -96,6 +96,51 @@ def test_release_refuses_while_requests_run_and_unknown_tags():
         assert len(greedy(engine, "z")) == NUM_NEW
 
 
+
+@pytest.mark.timeout(600)
+def test_colocated_loop_trains_only_with_the_embedded_engine_released_then_resumes_with_the_trainers_weights():
+    """Tail batching (P=2, R=2: 3 groups of 3) on an engine of 3 rows: the first group completes,
+    and its micro-batch is ready, while the others still decode; colocated, it waits for the round's
+    end and trains with the engine's weights and KV cache freed."""
+    from test_train_worker import ParityRewards
+    from test_weight_sync import reference_greedy
+
+    from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
+    from rollpacker.core import BatcherConfig, Scheduler, make_policy
+    from rollpacker.driver import LoopConfig, StepLoop
+
+    tiny = tiny_random_llama()
+    model, _ = load_model(tiny)
+    engine = EmbeddedEngine(model, capacity=3, stop_token_ids=())
+    seen: list[dict] = []
+
+    class WatchingTrainer(TorchTrainer):  # the real trainer; notes the engine's memory at each call
+        def forward_backward(self, batch):
+            seen.append(engine.memory_bytes())
+            return super().forward_backward(batch)
+
+        def optimizer_step(self, loss_normalizer):
+            seen.append(engine.memory_bytes())
+            return super().optimizer_step(loss_normalizer)
+
+    trainer = WatchingTrainer(TorchTrainerConfig(model_dir=str(tiny), lr=1e-2, seed=0, device="cpu"))
+    sched = Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=12), num_prompts=4,
+                      batcher=BatcherConfig(token_budget=1))
+    loop = StepLoop(sched, engine, ParityRewards(), trainer, Prompts(), LoopConfig(colocate=True))
+    try:
+        record = loop.run_step()
+        after = greedy(engine, "after", prompt=(1, 2, 3))
+        version = engine.weight_version
+    finally:
+        loop.close()
+        engine.close()
+    assert any(i.outcome == "aborted" for i in loop.last_timeline), "the case under test: the tail was aborted"
+    assert len(seen) == 5 and record["trained_prompts"] == 2, "4 micro-batches and the optimizer step"
+    assert all(m == {"weights": 0, "kv_cache": 0} for m in seen), f"the trainer ran beside the engine: {seen}"
+    assert record["train_overlapped_s"] == 0.0 and record["sync_s"] > 0
+    assert version == 1 and after == reference_greedy(str(tiny), trainer.export_weights())
+
+
 # -- the driver over a real `rollpacker serve` ----------------------------------------------------
 
 CALL = re.compile(r"call (\w+) (/\w+) at=([\d.]+)")
@@ -160,9 +205,10 @@ def test_colocated_step_on_a_server_releases_trains_resumes_syncs_then_generates
             return stats
 
     trainer = StampedTrainer(TorchTrainerConfig(model_dir=model, lr=1e-2, seed=0, device="cpu"))
-    sched = Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=8), num_prompts=4,
+    sched = Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=12), num_prompts=4,
                       batcher=BatcherConfig(token_budget=1))
-    with launch_servers(model, num_servers=1, kind="rollpacker", extra_args=(*SERVE_ARGS, "--log-calls"),
+    serve_args = (*SERVE_ARGS, "--capacity", "3", "--log-calls")  # 3 rows: the groups decode in turn
+    with launch_servers(model, num_servers=1, kind="rollpacker", extra_args=serve_args,
                         timeout_s=120) as group, \
             SGLangEngine(group.urls, expected_model=model) as engine, \
             ProcessRewardExecutor(1, scorer=parity_scorer) as rewards:
@@ -187,3 +233,47 @@ def test_colocated_step_on_a_server_releases_trains_resumes_syncs_then_generates
     assert stamps and all(released_at < t < resumed_at for _, t in stamps), \
         "every micro-batch and the optimizer step ran while the engine's memory was released"
     assert after == reference_greedy(model, trainer.export_weights()), "after resume: the trainer's greedy tokens"
+
+
+# -- the memory plan ------------------------------------------------------------------------------
+
+def test_colocated_peak_is_the_trainer_state_plus_the_larger_of_engine_and_training():
+    from test_memory_plan import smollm2_plan
+
+    for sizes in ({}, {"micro_batch_tokens": 65536, "engine_capacity": 16}):  # the KV cache, then training, larger
+        separate, colocated = smollm2_plan(**sizes), smollm2_plan(**sizes, colocate=True)
+        items = separate.items
+        assert colocated.items == items
+        engine = items["engine_weights"] + items["kv_cache"]
+        training = items["activations"] + items["logits"]
+        assert separate.total == sum(items.values())
+        assert colocated.total == items["trainer_state"] + max(engine, training)
+        assert separate.total - colocated.total == min(engine, training) > 0
+    assert engine < training, "the second case: colocated saves exactly the engine's items"
+    assert smollm2_plan(with_engine=False, colocate=True).total == smollm2_plan(with_engine=False).total
+
+
+def test_a_run_that_fits_only_colocated_is_refused_naming_colocate_and_runs_with_it():
+    from test_memory_plan import GIB, smollm2_plan
+
+    separate, colocated = smollm2_plan(), smollm2_plan(colocate=True)
+    budget = (separate.total + colocated.total) // 2
+    with pytest.raises(ConfigError) as info:
+        smollm2_plan(budget=budget).check()
+    message = str(info.value)
+    assert "--colocate" in message and f"{colocated.total / GIB:.2f} GiB then" in message and "\n" not in message
+    fits = smollm2_plan(budget=budget, colocate=True)
+    fits.check()
+    assert "(colocated" in fits.line()
+    with pytest.raises(ConfigError) as info:  # colocated does not fit either: --colocate is not offered
+        smollm2_plan(budget=colocated.total - 1).check()
+    assert "--colocate" not in str(info.value)
+
+
+def test_the_run_config_flag_reaches_the_plan():
+    from rollpacker.train.config import RunConfig
+    from rollpacker.train.session import plan_run_memory
+
+    tiny = tiny_random_llama()
+    plans = [plan_run_memory(RunConfig(colocate=c, trainer="torch"), tiny, Prompts(), "cpu") for c in (False, True)]
+    assert not plans[0].colocated and plans[1].colocated and plans[1].total < plans[0].total
