@@ -165,6 +165,21 @@ class Prompts:
         return RewardJob(request_id, "parity", index, tuple(response_ids))
 
 
+def post(url: str, path: str, body: dict) -> tuple[int, str]:
+    """(HTTP status, error message or "") of a JSON POST."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, ""
+    except urllib.error.HTTPError as exc:
+        answer = json.loads(exc.read())
+        return exc.code, answer.get("message") or answer["error"]["message"]
+
+
 def server_calls(log_text: str) -> list[tuple[str, float, str]]:
     """(path, wall-clock time, memory tags or "") of every call the server logged, in order."""
     calls = []
@@ -212,6 +227,10 @@ def test_colocated_step_on_a_server_releases_trains_resumes_syncs_then_generates
                         timeout_s=120) as group, \
             SGLangEngine(group.urls, expected_model=model) as engine, \
             ProcessRewardExecutor(1, scorer=parity_scorer) as rewards:
+        url = group.urls[0]
+        assert post(url, "/release_memory_occupation", {"tags": ["cuda_graph"]}) == \
+            (400, "/release_memory_occupation: unknown memory tag(s) ['cuda_graph']: the tags are ['weights', 'kv_cache']")
+        assert post(url, "/resume_memory_occupation", {"tags": "weights"})[0] == 400  # a list, not a string
         loop = StepLoop(sched, engine, rewards, trainer, Prompts(), LoopConfig(colocate=True))
         try:
             record = loop.run_step()
@@ -221,7 +240,7 @@ def test_colocated_step_on_a_server_releases_trains_resumes_syncs_then_generates
         calls = server_calls(group.servers[0].log_path.read_text())
     assert record["trained_prompts"] == 2 and record["train_overlapped_s"] == 0.0
     paths = [c[0] for c in calls]
-    release = paths.index("/release_memory_occupation")
+    release = next(i for i, (p, _, tags) in enumerate(calls) if p == "/release_memory_occupation" and tags)
     assert "/generate" in paths[:release] and "/generate" not in paths[release:-1] and paths[-1] == "/generate"
     protocol = [(p, tags) for p, _, tags in calls[release:] if p not in ("/pause_generation", "/continue_generation")]
     assert protocol == [("/release_memory_occupation", "['weights', 'kv_cache']"),
