@@ -395,17 +395,16 @@ class EmbeddedEngine:
         self._out.put(GenerationProgress(row.rid, row.num_generated, now))
 
     def _finish(self, row: Row, reason: str, now: float) -> None:
-        self._out.put(
-            GenerationResult(
-                request_id=row.rid,
-                token_ids=tuple(row.token_ids),
-                logprobs=tuple(row.logprobs),
-                finish_reason=reason,
-                weight_version=row.version if row.version >= 0 else self._version,
-                at=now,
-            )
+        result = GenerationResult(
+            request_id=row.rid,
+            token_ids=tuple(row.token_ids),
+            logprobs=tuple(row.logprobs),
+            finish_reason=reason,
+            weight_version=row.version if row.version >= 0 else self._version,
+            at=now,
         )
-        with self._cond:
+        with self._cond:  # out and no longer live at once: whoever polled it sees nothing in flight
+            self._out.put(result)
             self._live_ids.discard(row.rid)
 
     def _close_all(self) -> None:

@@ -352,10 +352,12 @@ class SGLangEngine:
     # -- on the loop thread -----------------------------------------------------------------------
 
     def _emit(self, event: GenerationProgress | GenerationResult) -> None:
-        self._out.put(event)
-        if isinstance(event, GenerationResult):
-            with self._lock:
-                self._live_ids.discard(event.request_id)
+        if not isinstance(event, GenerationResult):
+            self._out.put(event)
+            return
+        with self._lock:  # out and no longer live at once: whoever polled it sees nothing in flight
+            self._out.put(event)
+            self._live_ids.discard(event.request_id)
 
     async def _close(self) -> None:
         await self._requests.close()
