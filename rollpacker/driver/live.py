@@ -283,7 +283,10 @@ class LiveBackend:
         self._trained(self.worker.poll())
         t = self.clock.now()
         sync = lambda: sync_weights(self.engine, self.worker, version=command.step + 1)  # noqa: E731
-        self.colocation.resume(sync) if self.colocation is not None else sync()
+        if self.colocation is not None:  # the weights' memory, the sync into it, then the KV cache
+            self.colocation.resume(sync)
+        else:
+            sync()
         log.sync_s += self.clock.now() - t
         # the step is trained: only tokens that a later round resumes or trains are still needed
         self.tokens = {rid: r for rid, r in self.tokens.items() if rid in log.carried}

@@ -42,11 +42,11 @@ from rollpacker.core.errors import ConfigError
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
 LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's peak
-# the flag that shrinks each item, for the error message
 ENGINE_ITEMS = ("engine_weights", "kv_cache")
 """Freed while the trainer runs, colocated."""
 TRAINING_ITEMS = ("activations", "logits")
 """Held only while the trainer runs."""
+# the flag that shrinks each item, for the error message
 FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
 
