@@ -123,8 +123,8 @@ class StepTimes:
         names = list(marks)
         if self.tp_switch_s < 0 or self.sync_s < 0:
             raise ValueError(f"step times: negative tp_switch_s {self.tp_switch_s} or sync_s {self.sync_s}")
-        for a, b in zip(names, names[1:]):
-            if marks[b] < marks[a]:
+        for a, b in zip(names, names[1:]):  # (a clock's marks less its durations may be an ulp apart)
+            if marks[b] < marks[a] - 1e-9 * max(1.0, abs(marks[a])):
                 raise ValueError(f"step times out of order: {b} = {marks[b]} before {a} = {marks[a]}")
         for span in self.train_spans:
             if span[1] < span[0]:
@@ -152,7 +152,7 @@ def step_timings(times: StepTimes) -> dict[str, float]:
         "reward_s": reward_end - times.round_end,
         "train_s": overlapped + after,
         "train_overlapped_s": overlapped,
-        "train_exposed_s": (times.end - times.sync_s) - reward_end,
+        "train_exposed_s": max(0.0, (times.end - times.sync_s) - reward_end),
         "sync_s": times.sync_s,
         "step_s": times.end - times.start,
         "tp_switch_s": times.tp_switch_s,

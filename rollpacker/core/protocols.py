@@ -9,6 +9,12 @@ Rollout engine
     `update_weights` takes HF-named tensors (or a safetensors directory) and a version number.
     Every submitted request produces exactly one `GenerationResult`, whatever happens.
 
+Releasable rollout engine (colocated mode: rollout and training take turns on the same GPUs)
+    `release_memory(tags)` frees the engine's memory while nothing is in flight: "weights" (their
+    contents are lost) and "kv_cache" (SGLang's tags; None: both).  `resume_memory(tags)` allocates
+    them again; resumed weights hold nothing until the next `update_weights`, and generating while
+    any memory is released (or before that update) is a `BackendMisuse`.
+
 Trainer
     `forward_backward(micro_batch)` accumulates gradients of sum_i w_i * sum_t loss_it (no mean);
     `optimizer_step(loss_normalizer)` divides the accumulated gradients by it and steps once;
@@ -27,6 +33,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from attrs import field, frozen
 from attrs.validators import ge, gt, in_, optional
+
+from rollpacker.core.errors import ConfigError
 
 ENGINE_FINISH_REASONS = ("stop", "length", "abort")
 
@@ -100,6 +108,33 @@ class RolloutEngine(Protocol):
     def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike, version: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+MEMORY_TAGS = ("weights", "kv_cache")
+"""What `release_memory` / `resume_memory` free and allocate again (SGLang's tag names)."""
+
+
+def check_memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
+    """The tags asked for (None: all), each one of `MEMORY_TAGS`, in that order; else a ConfigError."""
+    if tags is None:
+        return MEMORY_TAGS
+    if isinstance(tags, str) or not isinstance(tags, Sequence) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError(f"memory tags must be a list of strings from {list(MEMORY_TAGS)}, got {tags!r}")
+    unknown = [t for t in tags if t not in MEMORY_TAGS]
+    if unknown:
+        raise ConfigError(f"unknown memory tag(s) {unknown}: the tags are {list(MEMORY_TAGS)}")
+    return tuple(t for t in MEMORY_TAGS if t in tags)
+
+
+@runtime_checkable
+class ReleasableEngine(RolloutEngine, Protocol):
+    """A rollout engine that can give its memory back while a colocated trainer runs."""
+
+    def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Free the memory of `tags` (None: all of `MEMORY_TAGS`); nothing may be in flight."""
+
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Allocate the memory of `tags` again (None: every released one)."""
 
 
 @frozen

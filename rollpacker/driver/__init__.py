@@ -5,6 +5,7 @@
     step_log a live step's record: each request's Interval on the timeline, the StepLog
     live     LiveBackend (a real engine, reward executor and trainer) and StepLoop, the driver over it
     train_worker  TrainWorker: the trainer on a thread of its own (the loop never waits on training)
+    colocate Colocation: --colocate, the engine's memory released while the trainer runs
 
 The simulator (`rollpacker.sim.Simulation`) is another Backend of the same Driver.
 """

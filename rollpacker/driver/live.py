@@ -14,6 +14,9 @@ Only the single `StepOptimizer` waits for every micro-batch of the step; then th
 the engine: pause, update, resume.  The step's record (`core.step_record`, the simulator's too) has
 `train_overlapped_s` (training while the round generated) and `train_exposed_s` (the training the
 step waits for after its last reward).
+Colocated (`LoopConfig.colocate`, `colocate.Colocation`): micro-batches wait for the round's end,
+the engine's memory is released before they train (waited for after the round, so in
+`train_exposed_s` or `reward_s`) and resumed with the weight sync (in `sync_s`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from rollpacker.core.protocols import (
 from rollpacker.core.records import PromptKey, Sample, Segment, request_number
 
 from .clock import Clock, WallClock
+from .colocate import Colocation
 from .loop import Driver, Input, Notice, ScorerAnswered, StepBegun
 from .step_log import Interval, StepLog
 from .train_worker import OPTIMIZER_STEP, TrainerRan, TrainWorker
@@ -103,6 +107,8 @@ class LoopConfig:
     """How long one poll of the engine may wait when nothing else is due."""
     step_timeout_s: float | None = None
     """Fail a step that runs longer than this (None: no limit)."""
+    colocate: bool = False
+    """The engine and the trainer share the GPUs: train after the round, with the engine's memory released."""
 
 
 class LiveBackend:
@@ -130,6 +136,7 @@ class LiveBackend:
         self._reward_jobs: dict[str, RewardJob] = {}
         """Reward jobs of kept samples waiting for the core to start their scoring."""
         self._log = StepLog(start=clock.now())
+        self.colocation = Colocation(engine) if self.config.colocate else None
 
     # -- what the driver tells -------------------------------------------------------------------
 
@@ -241,7 +248,9 @@ class LiveBackend:
         """Hand the micro-batch to the train worker and return at once."""
         samples = [self._train_sample(ref) for ref in command.samples]
         self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
-        self.worker.forward_backward(command.index, MicroBatch(tuple(samples)))
+        batch = MicroBatch(tuple(samples))
+        if self.colocation is None or not self.colocation.hold(command.index, batch):
+            self.worker.forward_backward(command.index, batch)
 
     def _trained(self, jobs: Sequence[TrainerRan]) -> None:
         """Record what the worker finished: micro-batch statistics, and when it trained (the timeline's
@@ -272,6 +281,9 @@ class LiveBackend:
         log.report = command.report
         log.carried = frozenset(command.carried_requests)
         log.trained = command.trained
+        if self.colocation is not None:  # the engine is idle: its memory goes to the trainer (the release's
+            for index, batch in self.colocation.release():  # seconds are waited for after the round: exposed)
+                self.worker.forward_backward(index, batch)
 
     def step_optimizer(self, command: StepOptimizer) -> None:
         """The one wait on training: the step's micro-batches, then the optimizer step, then the sync."""
@@ -283,8 +295,12 @@ class LiveBackend:
             raise self._timed_out(log) from None
         self._trained(self.worker.poll())
         t = self.clock.now()
-        sync_weights(self.engine, self.worker, version=command.step + 1)
-        log.sync_s = self.clock.now() - t
+        sync = lambda: sync_weights(self.engine, self.worker, version=command.step + 1)  # noqa: E731
+        if self.colocation is not None:  # the weights' memory, the sync into it, then the KV cache
+            self.colocation.resume(sync)
+        else:
+            sync()
+        log.sync_s += self.clock.now() - t
         # the step is trained: only tokens that a later round resumes or trains are still needed
         self.tokens = {rid: r for rid, r in self.tokens.items() if rid in log.carried}
         self._settle_outcomes()

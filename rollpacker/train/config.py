@@ -106,6 +106,12 @@ class RunConfig:
     weight_sync_bucket_mb: int = 512
     """--weight-sync nccl: most megabytes per bucket (one /update_weights_from_distributed call; the
     trainer holds one bucket on its device beyond its shard, each server one beyond its weights)."""
+    colocate: bool = False
+    """Rollout and training take turns on the same GPUs (veRL's default): micro-batches train after the
+    round ends, with the engine's weights and KV cache released meanwhile (SGLang's
+    /release_memory_occupation: start its servers with --enable-memory-saver), then resumed with the
+    weight sync.  The memory plan's peak is then the trainer state plus the larger of the engine's items
+    and the training's.  Default: micro-batches train while the round still generates."""
     engine_capacity: int = 32
     """Embedded engine: most sequences decoded at once."""
     spec_max_rows: int | None = None

@@ -25,6 +25,11 @@ micro-batch):
   logits, their log-softmax, its exp, the entropy's product, and in backward their gradients:
   measured 5.5-5.8 on CPU, tests/test_memory_plan.py): one chunk of `LOGITS_CHUNK_TOKENS` for the
   torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.
+
+The total is the peak.  Separate (the default), micro-batches train while the round still generates,
+so every item is held at once: the sum.  Colocated (--colocate), the engine's weights and KV cache
+are released before the trainer runs and allocated again after the optimizer step, so the peak is
+the trainer state plus the larger of the engine's items and the training's (activations, logits).
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ from rollpacker.core.errors import ConfigError
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
 LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's peak
+ENGINE_ITEMS = ("engine_weights", "kv_cache")
+"""Freed while the trainer runs, colocated."""
+TRAINING_ITEMS = ("activations", "logits")
+"""Held only while the trainer runs."""
 # the flag that shrinks each item, for the error message
 FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
@@ -91,10 +100,19 @@ class MemoryPlan:
     forward_tokens: int = 0
     """Padded tokens (rows x longest row) in one trainer forward the plan counts (the trainer's
     max_forward_tokens)."""
+    colocated: bool = False
+    """--colocate: the engine's items are freed while the trainer runs (the module docstring)."""
 
     @property
     def total(self) -> int:
-        return sum(self.items.values())
+        """The peak: every item at once, or colocated the engine's and the training's in turn."""
+        return self.peak(self.colocated)
+
+    def peak(self, colocated: bool) -> int:
+        engine = sum(self.items.get(k, 0) for k in ENGINE_ITEMS)
+        training = sum(self.items.get(k, 0) for k in TRAINING_ITEMS)
+        resident = sum(b for k, b in self.items.items() if k not in ENGINE_ITEMS + TRAINING_ITEMS)
+        return resident + (max(engine, training) if colocated else engine + training)
 
     @property
     def biggest(self) -> str:
@@ -102,22 +120,27 @@ class MemoryPlan:
 
     def line(self) -> str:
         parts = ", ".join(f"{name.replace('_', ' ')} {_gib(b)}" for name, b in self.items.items())
-        return f"memory plan ({self.device}): {parts}; total {_gib(self.total)} of {_gib(self.budget)}"
+        mode = " (colocated: the engine's items and the training's in turn)" if self.colocated else ""
+        return f"memory plan ({self.device}): {parts}; total {_gib(self.total)}{mode} of {_gib(self.budget)}"
 
     def check(self) -> None:
         """ConfigError naming the biggest item and the flag to lower when the total exceeds the budget."""
         if self.total > self.budget:
+            colocated = self.peak(colocated=True)
             raise ConfigError(f"the run needs {_gib(self.total)} on {self.device} but {_gib(self.budget)} is there; "
                               f"biggest: {self.biggest.replace('_', ' ')} {_gib(self.items[self.biggest])}: "
                               f"lower {FLAG_OF_ITEM[self.biggest]}"
-                              + (" (or halve it with --dtype bfloat16)" if self.dtype == "float32" else ""))
+                              + (" (or halve it with --dtype bfloat16)" if self.dtype == "float32" else "")
+                              + (f"; or pass --colocate, which releases the engine's memory while the trainer "
+                                 f"runs: {_gib(colocated)} then" if not self.colocated and colocated <= self.budget
+                                 else ""))
 
 
 def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
                 micro_batch_tokens: int, trainer: str, budget: int, device: str,
-                with_engine: bool = True, spec_tokens: int = 0) -> MemoryPlan:
+                with_engine: bool = True, spec_tokens: int = 0, colocate: bool = False) -> MemoryPlan:
     """The plan's items in bytes (the module docstring gives each formula); `with_engine` False leaves
-    out the engine's weights and KV cache (rollout on SGLang servers)."""
+    out the engine's weights and KV cache (rollout on SGLang servers); `colocate`: --colocate's peak."""
     b = DTYPE_BYTES[dtype]
     params = shape.num_params
     sequence = prompt_tokens + max_tokens
@@ -134,7 +157,7 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
     if not with_engine:
         del items["engine_weights"], items["kv_cache"]
     return MemoryPlan(items=items, budget=budget, device=device, dtype=dtype,
-                      kv_tokens_per_row=sequence + spec_tokens, forward_tokens=batch_tokens)
+                      kv_tokens_per_row=sequence + spec_tokens, forward_tokens=batch_tokens, colocated=colocate)
 
 
 def device_budget(device: str) -> int:

@@ -122,7 +122,7 @@ class Session:
                                              warmup=reward_fns.warmup(reward))
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
                              LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,
-                                        step_timeout_s=config.step_timeout_s),
+                                        step_timeout_s=config.step_timeout_s, colocate=config.colocate),
                              on_progress=on_progress)
 
     def _build_engine(self, model):
@@ -266,7 +266,8 @@ def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: s
                        engine_capacity=config.engine_capacity, prompt_tokens=longest_prompt,
                        max_tokens=config.max_tokens, micro_batch_tokens=config.micro_batch_tokens,
                        trainer=config.trainer, budget=device_budget(device), device=device,
-                       with_engine=config.rollout == "embedded", spec_tokens=config.spec_tokens)
+                       with_engine=config.rollout == "embedded", spec_tokens=config.spec_tokens,
+                       colocate=config.colocate)
 
 
 def follower_main(config: RunConfig) -> None:

@@ -22,6 +22,9 @@ Contract details beyond the Protocol:
 - `weight_version` of a result is the version of the weights when the request started decoding.
   Weights are swapped between decode steps; call it between `pause()` and `resume()` so no running
   request sees two policies.
+- Colocated mode (`ReleasableEngine`): `release_memory(tags)` while nothing is in flight frees the
+  weights and/or the KV cache (`memory`); `resume_memory(tags)` allocates them again, and the
+  weights hold nothing until `update_weights` loads them: until then `submit` raises `EngineReleased`.
 """
 
 from __future__ import annotations
@@ -37,17 +40,22 @@ import torch
 
 from rollpacker.backends._drain import drain
 from rollpacker.backends.embedded.batch import Row, RunningBatch
+from rollpacker.backends.embedded.memory import EngineMemory
 from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.embedded.speculation import SPEC_MAX_ROWS_CUDA, SpeculationStats, Speculator
 from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
 from rollpacker.backends.errors import BackendMisuse, EngineFailed
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
+from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, check_memory_tags
 
 
 class UnknownRequest(BackendMisuse):
     """abort() named a request id this engine never received."""
+
+
+class EngineReleased(BackendMisuse):
+    """A request or a weight update came while the engine's memory is released (colocated mode)."""
 
 
 class EmbeddedEngine:
@@ -133,6 +141,7 @@ class EmbeddedEngine:
         if runner.use_graphs and kv_tokens_per_row is not None:
             runner.reserve(kv_tokens_per_row)  # the cache and every decode graph, before any step
         self._runner = runner
+        self._memory = EngineMemory(self.model, runner)
         self._capacity = capacity
         self._device = runner.device
         # Owned by the loop thread.
@@ -149,7 +158,9 @@ class EmbeddedEngine:
         self._cond = threading.Condition()
         self._inbox: list[Row] = []
         self._aborts: list[str] = []
-        self._weight_jobs: list[tuple[dict, int, threading.Event, list]] = []
+        self._jobs: list[tuple[Any, threading.Event, list]] = []
+        """Calls to run on the loop thread between decode steps (weight updates, memory), with an
+        event set when done and a list that receives the call's exception."""
         self._is_paused = False
         self._is_closed = False
         self._live_ids: set[str] = set()  # submitted, result not yet emitted
@@ -186,6 +197,9 @@ class EmbeddedEngine:
         rows = []
         with self._cond:
             self._check_open()
+            refusal = self._memory.refusal()
+            if refusal is not None:
+                raise EngineReleased(f"submit: {refusal}")
             batch_ids: set[str] = set()
             for r in requests:
                 rows.append(self._validate(r, batch_ids))
@@ -231,21 +245,62 @@ class EmbeddedEngine:
     def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike, version: int) -> None:
         """Load HF-named tensors (a mapping, or a directory of *.safetensors) into the model between
         decode steps and set the weight version; returns once they are in."""
+        if "weights" in self._memory.released:
+            raise EngineReleased("update_weights: the weights are released; resume_memory(['weights']) first")
         state = load_state(weights)
         check_state(self.model, state)
+
+        def load() -> None:
+            apply_state(self.model, state)
+            self._memory.loaded(state)
+            self._version = self._batch.version = int(version)
+
+        error = self._on_loop(load, f"the weight update to version {version}")
+        if error is not None:  # raised on the decode thread while copying the tensors into the model
+            raise EngineFailed(f"update_weights to version {version}: copying the weights into the model "
+                               f"failed ({type(error).__name__}: {error})") from error
+
+    def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Free the memory of `tags` ("weights", "kv_cache"; None: both) while nothing is in flight;
+        the weights' contents are lost (a weight update brings them back after `resume_memory`)."""
+        tags = check_memory_tags(tags)
+        with self._cond:
+            self._check_open()
+            if self._live_ids or self._inbox:
+                raise BackendMisuse(f"release_memory: {len(self._live_ids)} request(s) still in flight; abort them "
+                                    f"and poll their results first")
+            self._memory.released.update(tags)  # from now on submit refuses
+        error = self._on_loop(lambda: self._memory.free(tags), "releasing memory")
+        if error is not None:
+            raise EngineFailed(f"release_memory {list(tags)}: {type(error).__name__}: {error}") from error
+
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Allocate the memory of `tags` again (None: every released one): the weights first, empty
+        until `update_weights`; on CUDA the KV cache at its planned size and every decode graph."""
+        tags = check_memory_tags(tags)
+        error = self._on_loop(lambda: self._memory.allocate(tags), "resuming memory")
+        if isinstance(error, BackendMisuse):
+            raise error
+        if error is not None:
+            raise EngineFailed(f"resume_memory {list(tags)}: {type(error).__name__}: {error}") from error
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes the engine's weights and its KV cache hold now ({"weights": .., "kv_cache": ..})."""
+        return self._memory.nbytes()
+
+    def _on_loop(self, call, what: str) -> BaseException | None:
+        """Run `call()` on the loop thread between decode steps and wait; returns its exception."""
         done, error = threading.Event(), []
         with self._cond:
             self._check_open()
-            self._weight_jobs.append((state, int(version), done, error))
+            self._jobs.append((call, done, error))
             self._cond.notify_all()
         while not done.wait(0.1):
             if self._failure is not None or not self._thread.is_alive():
-                raise EngineFailed("the decode loop stopped before the weight update") from self._failure
+                raise EngineFailed(f"the decode loop stopped before {what}") from self._failure
         if error and isinstance(error[0], EngineFailed):
             raise error[0]
-        if error:  # raised on the decode thread while copying the tensors into the model
-            raise EngineFailed(f"update_weights to version {version}: copying the weights into the model "
-                               f"failed ({type(error[0]).__name__}: {error[0]})") from error[0]
+        return error[0] if error else None
 
     def close(self) -> None:
         with self._cond:
@@ -320,38 +375,36 @@ class EmbeddedEngine:
             self._close_all()
 
     def _take_commands(self) -> bool:
-        """Apply queued submissions, aborts and weight updates (lock held). True if any."""
-        work = bool(self._inbox or self._aborts or self._weight_jobs)
+        """Apply queued submissions, aborts, weight updates and memory calls (lock held). True if any."""
+        work = bool(self._inbox or self._aborts or self._jobs)
         self._batch.waiting.extend(self._inbox)
         self._inbox.clear()
         if self._aborts:
             self._batch.abort(self._aborts)
             self._aborts.clear()
-        for state, version, done, error in self._weight_jobs:
+        for call, done, error in self._jobs:
             try:
-                apply_state(self.model, state)
-                self._version = self._batch.version = version
-            except Exception as exc:  # reported to the caller of update_weights
+                call()
+            except Exception as exc:  # reported to the caller
                 error.append(exc)
             done.set()
-        self._weight_jobs.clear()
+        self._jobs.clear()
         return work
 
     def _progress(self, row: Row, now: float) -> None:
         self._out.put(GenerationProgress(row.rid, row.num_generated, now))
 
     def _finish(self, row: Row, reason: str, now: float) -> None:
-        self._out.put(
-            GenerationResult(
-                request_id=row.rid,
-                token_ids=tuple(row.token_ids),
-                logprobs=tuple(row.logprobs),
-                finish_reason=reason,
-                weight_version=row.version if row.version >= 0 else self._version,
-                at=now,
-            )
+        result = GenerationResult(
+            request_id=row.rid,
+            token_ids=tuple(row.token_ids),
+            logprobs=tuple(row.logprobs),
+            finish_reason=reason,
+            weight_version=row.version if row.version >= 0 else self._version,
+            at=now,
         )
-        with self._cond:
+        with self._cond:  # out and no longer live at once: whoever polled it sees nothing in flight
+            self._out.put(result)
             self._live_ids.discard(row.rid)
 
     def _close_all(self) -> None:
@@ -360,6 +413,6 @@ class EmbeddedEngine:
             self._batch.waiting.extend(self._inbox)
             self._inbox.clear()
         self._batch.abort_all()
-        for _, _, done, error in self._weight_jobs:
-            error.append(EngineFailed("the engine closed before the weight update"))
+        for _, done, error in self._jobs:
+            error.append(EngineFailed("the engine closed before the weight update or memory call"))
             done.set()

@@ -220,8 +220,23 @@ class Runner:
     def release(self) -> None:
         """Give the cache's memory back (the engine is idle)."""
         self.cache = None
+        self.drop_graphs()
+
+    def drop_graphs(self) -> None:
+        """Forget every captured graph and its memory pool (the tensors they replay are moving)."""
         self._graphs.clear()
         self._pool = None
+
+    def restore(self) -> None:
+        """After a release (colocated mode): with graphs, allocate the cache at its planned size and
+        capture every graph again, as at start (they replay the new addresses of the weights and the
+        cache); without, the next prefill allocates the cache."""
+        if not self.use_graphs:
+            return
+        if self.cache is None and self.cols_per_slot is not None:
+            self.reserve(self.cols_per_slot)
+        elif self.cache is not None and not self._graphs:
+            self.capture_graphs()
 
     @torch.inference_mode()
     def move(self, src: int, dst: int, num_cols: int) -> None:

@@ -34,6 +34,9 @@ Weight updates: pause (mode "retract" by default) -> the new weights -> continue
 /update_weights_from_disk on every server.  From a trainer (`update_weights_from_trainer`): after
 `use_distributed_sync`, its `named_weights()` broadcast in buckets over SGLang's distributed path
 (`weights.DistributedWeightSync`); otherwise written to disk as above.
+
+Colocated mode: `release_memory(tags)` / `resume_memory(tags)` call SGLang's
+/release_memory_occupation and /resume_memory_occupation {tags} on every live server.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from rollpacker.backends.sglang.http import HttpConfig, ServerClient
 from rollpacker.backends.sglang.inflight import InflightRequests
 from rollpacker.backends.sglang.pool import ServerPool
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
+from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, check_memory_tags
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +243,24 @@ class SGLangEngine:
             if written is not None and self.weights_dir is None:
                 shutil.rmtree(written, ignore_errors=True)
 
+    def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """/release_memory_occupation {tags} on every live server (colocated mode: the trainer runs
+        next on their GPUs); nothing may be in flight.  SGLang needs `--enable-memory-saver`."""
+        tags = list(check_memory_tags(tags))
+        self._check_open()
+        with self._lock:
+            if self._live_ids:
+                raise BackendMisuse(f"release_memory: {len(self._live_ids)} request(s) still in flight")
+        self._pool.on_live_servers(lambda c: c.release_memory_occupation(tags), "releasing memory",
+                                   timeout=self.http.weights_timeout_s + 5)
+
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """/resume_memory_occupation {tags} on every live server (resumed weights: update them next)."""
+        tags = list(check_memory_tags(tags))
+        self._check_open()
+        self._pool.on_live_servers(lambda c: c.resume_memory_occupation(tags), "resuming memory",
+                                   timeout=self.http.weights_timeout_s + 5)
+
     def use_distributed_sync(self, *, backend: str, bucket_bytes: int, dtype: Any = None,
                              master_address: str | None = None, master_port: int | None = None,
                              group_name: str = "rollpacker_weight_sync") -> None:
@@ -331,10 +352,12 @@ class SGLangEngine:
     # -- on the loop thread -----------------------------------------------------------------------
 
     def _emit(self, event: GenerationProgress | GenerationResult) -> None:
-        self._out.put(event)
-        if isinstance(event, GenerationResult):
-            with self._lock:
-                self._live_ids.discard(event.request_id)
+        if not isinstance(event, GenerationResult):
+            self._out.put(event)
+            return
+        with self._lock:  # out and no longer live at once: whoever polled it sees nothing in flight
+            self._out.put(event)
+            self._live_ids.discard(event.request_id)
 
     async def _close(self) -> None:
         await self._requests.close()

@@ -1,6 +1,7 @@
 """One SGLang server's native HTTP API, as async calls with bounded retries and errors naming it.
 
-Control calls (health, model info, abort, pause, continue, weight updates, cache flush) are retried
+Control calls (health, model info, abort, pause, continue, weight updates, memory release and
+resume, cache flush) are retried
 on connection errors and 503 a few times with a short backoff; /generate is opened once (it is not
 idempotent) and handed back as a response to stream from.  Every error is a `ServerUnavailable`
 (no answer), `ServerRejected` (an HTTP error or `success: false`) or `BackendProtocolError` (an
@@ -124,6 +125,15 @@ class ServerClient:
 
     async def flush_cache(self) -> None:
         await self.call("POST", "/flush_cache", expect_json=False)
+
+    async def release_memory_occupation(self, tags: list[str]) -> dict:
+        """Free the server's `tags` ("weights", "kv_cache"); SGLang needs --enable-memory-saver."""
+        return await self.call("POST", "/release_memory_occupation", {"tags": tags},
+                               timeout_s=self.config.weights_timeout_s, retries=1)
+
+    async def resume_memory_occupation(self, tags: list[str]) -> dict:
+        return await self.call("POST", "/resume_memory_occupation", {"tags": tags},
+                               timeout_s=self.config.weights_timeout_s, retries=1)
 
     async def update_weights_from_disk(self, model_path: str, version: int) -> dict:
         body = {"model_path": model_path, "weight_version": str(version)}

@@ -7,7 +7,9 @@ Endpoints (shapes as SGLang's, see `codec`): GET /health, /health_generate, /get
 /pause_generation {mode}, /continue_generation, /update_weights_from_disk {model_path,
 weight_version}, /init_weights_update_group and /update_weights_from_distributed (the engine joins
 the trainer's group with torch.distributed, gloo on CPU, and receives each bucket by broadcast; see
-`weights`), /flush_cache.  Input is token ids only (`input_ids`): this server does no
+`weights`), /release_memory_occupation and /resume_memory_occupation {tags} (colocated mode: the
+engine frees, then allocates again, its "weights" and "kv_cache"), /flush_cache.  With
+`--log-calls` every call is logged with its wall-clock time (`call POST /generate at=...`).  Input is token ids only (`input_ids`): this server does no
 tokenization.  With the model's tokenizer it decodes each response into `text` (the final chunk
 holds all of it) and honours `stop` strings.  Sampling params: `HONOURED_PARAMS`; SGLang's others
 only at the value that turns them off; anything else is a 400 naming the field, never ignored.
@@ -137,14 +139,15 @@ class EngineServer:
     `tokenizer` (optional) decodes each response into `text` and lets requests use `stop` strings."""
 
     def __init__(self, engine: RolloutEngine, model_path: str, *, weight_version: int = 0,
-                 ignore_eos: bool = False, tokenizer: Any | None = None) -> None:
+                 ignore_eos: bool = False, tokenizer: Any | None = None, log_calls: bool = False) -> None:
         self.engine = engine
         self.model_path = model_path
         self.tokenizer = tokenizer
         """Decodes responses into `text` and for `stop` strings; None: token ids only."""
         self.ignore_eos = ignore_eos
         self.weight_version = str(weight_version)
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app = web.Application(client_max_size=64 * 1024 * 1024,
+                                   middlewares=[_log_call] if log_calls else [])
         self.app.add_routes([
             web.get("/health", self.health),
             web.get("/health_generate", self.health),
@@ -158,6 +161,8 @@ class EngineServer:
             web.post("/update_weights_from_disk", self.update_weights_from_disk),
             web.post("/init_weights_update_group", self.init_weights_update_group),
             web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
+            web.route("*", "/release_memory_occupation", self.release_memory_occupation),
+            web.route("*", "/resume_memory_occupation", self.resume_memory_occupation),
             web.route("*", "/flush_cache", self.flush_cache),
         ])
         self.app.on_startup.append(self._start_pump)
@@ -418,6 +423,33 @@ class EngineServer:
         self.weight_version = str(version)
         return web.json_response({"success": True, "message": "Succeeded to update parameter online."})
 
+    async def release_memory_occupation(self, request: web.Request) -> web.Response:
+        """Free the engine's memory of `tags` (null: all) while nothing runs, as SGLang's does."""
+        return await self._memory_call(request, "release_memory")
+
+    async def resume_memory_occupation(self, request: web.Request) -> web.Response:
+        return await self._memory_call(request, "resume_memory")
+
+    async def _memory_call(self, request: web.Request, method: str) -> web.Response:
+        from rollpacker.core.protocols import check_memory_tags
+
+        call = getattr(self.engine, method, None)
+        if call is None:
+            return _failed(f"{type(self.engine).__name__} cannot release or resume its memory")
+        try:
+            body = await request.json() if request.can_read_body else {}
+            tags = list(check_memory_tags((body or {}).get("tags")))
+        except (ValueError, AttributeError) as exc:  # JSON errors, ConfigError naming the tag
+            return _error(f"{request.path}: {exc}")
+        if method == "release_memory" and self._waiters:
+            return _failed(f"{request.path}: {len(self._waiters)} request(s) still running")
+        log.info("%s tags=%s", request.path, tags)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, call, tags)
+        except Exception as exc:  # noqa: BLE001  (reported to the caller, as SGLang does)
+            return _failed(f"{request.path}: {exc}")
+        return web.json_response({"success": True, "message": f"{request.path} {tags}: done"})
+
     def _device_type(self) -> str:
         """Where the engine's model lives ("cpu" for an engine without one)."""
         model = getattr(self.engine, "model", None)
@@ -434,6 +466,15 @@ class EngineServer:
         if self._waiters:
             return web.Response(status=400, text="Cache not flushed: there are running or waiting requests.\n")
         return web.Response(status=200, text="Cache flushed.\n")
+
+
+if web is not None:
+    @web.middleware
+    async def _log_call(request: web.Request, handler):
+        """--log-calls: each call, logged when it arrives with the wall-clock time (its order against
+        other processes' events, as the colocated-mode test reads it)."""
+        log.info("call %s %s at=%.6f", request.method, request.path, time.time())
+        return await handler(request)
 
 
 def _failed(message: str) -> web.Response:
@@ -460,6 +501,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress-every", type=int, default=4, help="stream a progress chunk every N tokens")
     parser.add_argument("--ignore-eos", action="store_true", help="never stop on EOS (exact lengths)")
+    parser.add_argument("--log-calls", action="store_true", help="log every HTTP call with its wall-clock time")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -477,7 +519,8 @@ def run(args: argparse.Namespace) -> int:
         model_dir, capacity=args.capacity, dtype=args.dtype, seed=args.seed,
         progress_every=args.progress_every, stop_token_ids=() if args.ignore_eos else None,
     )
-    server = EngineServer(engine, str(model_dir), ignore_eos=args.ignore_eos, tokenizer=engine.tokenizer)
+    server = EngineServer(engine, str(model_dir), ignore_eos=args.ignore_eos, tokenizer=engine.tokenizer,
+                          log_calls=args.log_calls)
     try:
         web.run_app(server.app, host=args.host, port=args.port, print=lambda *a: log.info(*a),
                     handle_signals=True, shutdown_timeout=2.0, handler_cancellation=True)
