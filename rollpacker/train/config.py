@@ -6,8 +6,9 @@ then every other flag overrides that preset.
 The choices of --policy, --rollout and --trainer are the registries' names (rollpacker.core.policies,
 rollpacker.train.registry; plugin modules in $ROLLPACKER_PLUGINS are imported first): each
 registered policy gets a section of knob flags `--NAME.KNOB`, as does each registered engine or
-trainer that is not a built-in (theirs are the top-level flags below).  `components()` turns the
-flags into one config per component, each checked by flag and with a `build`.
+trainer that is not a built-in (theirs are the top-level flags below).  `rollout_options()`,
+`trainer_options()`, `rewards_options()`, `batcher_config()` and `build_policy()` turn the flags into
+one config per component, each checked by flag (a bad value is one ConfigError naming it).
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ class RunConfig:
         return options_of(TRAINERS, self.trainer, self)
 
     def rewards_options(self) -> RewardsConfig:
+        """The scoring component's config (--reward, --reward-workers, --reward-deadline-s), checked by flag."""
         return RewardsConfig(reward=self.reward_name(), reward_workers=self.reward_workers,
                              reward_deadline_s=self.reward_deadline_s)
 
