@@ -41,12 +41,15 @@ def missing_package(exc: ModuleNotFoundError) -> int:
 
 try:
     from rollpacker.core.errors import ConfigError, RollpackerError
-    from rollpacker.train.config import KNOB_SECTIONS, RunConfig, parse
+    from rollpacker.train.config import SECTIONS, RunConfig, parse
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
     from rollpacker.train.progress import StageBars, step_line
     from rollpacker.train.session import Session, follower_main, init_distributed_env
 except ModuleNotFoundError as _exc:
     sys.exit(missing_package(_exc))
+except RollpackerError as _exc:  # e.g. a plugin module of $ROLLPACKER_PLUGINS that does not import
+    print(f"error: {_exc}", file=sys.stderr)
+    sys.exit(2)
 
 
 class Terminated(KeyboardInterrupt):
@@ -127,8 +130,8 @@ def resumed_config(flags: RunConfig, argv: list[str]) -> RunConfig:
     saved = RunDir(flags.resume).load_config_dict()
     config = parse(["--preset", "smollm2_cpu_tail"])  # typed defaults, then the saved values
     for key, value in saved.items():
-        if key in KNOB_SECTIONS:  # a knob the saved run predates takes the core's default
-            value = KNOB_SECTIONS[key](**value)
+        if key in SECTIONS:  # a knob the saved run predates takes the default of its class
+            value = SECTIONS[key](**value)
         elif key in ("out", "resume", "dataset") and value is not None:
             value = Path(value)
         elif isinstance(value, list):

@@ -34,7 +34,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, runners = build_parser()
+    try:
+        parser, runners = build_parser()
+    except RollpackerError as exc:  # e.g. a plugin module of $ROLLPACKER_PLUGINS that does not import
+        print(f"rollpacker: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -75,11 +75,10 @@ def test_cuda_graphs_on_a_cpu_model_is_one_clear_error(model):
 
 def test_the_cuda_graphs_flag_reaches_the_engine():
     from rollpacker.train.config import parse
-    from rollpacker.train.session import engine_options
 
     assert parse([]).cuda_graphs is True and parse(["--no-cuda-graphs"]).cuda_graphs is False
-    assert engine_options(parse([]), 300)["cuda_graphs"] is None  # on CUDA, off on CPU
-    options = engine_options(parse(["--no-cuda-graphs", "--engine-capacity", "7"]), 300)
+    assert parse([]).rollout_options().engine_options(300)["cuda_graphs"] is None  # on CUDA, off on CPU
+    options = parse(["--no-cuda-graphs", "--engine-capacity", "7"]).rollout_options().engine_options(300)
     assert options["cuda_graphs"] is False and options["capacity"] == 7 and options["kv_tokens_per_row"] == 300
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 
 from rollpacker.core import POLICIES, ConfigError, Knob, knob_specs
+from rollpacker.plugins import load_plugins
 
 from .config import TP_MODES, SimConfig
 from .constants import MODELS, SimConstants
@@ -64,6 +65,7 @@ def add_parser(sub, name: str) -> argparse.ArgumentParser:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    load_plugins()  # $ROLLPACKER_PLUGINS may register policies: choices and knob flags come from the registry
     p.add_argument("--workload", default="servegen-r1",
                    help=f"built-in ({', '.join(BUILTIN)}) or a JSONL path (plain or gzipped): "
                         f"{{\"prompt\": id, \"lengths\": [int, ...]}} a line")
@@ -186,9 +188,9 @@ def _progress_bar(config: SimConfig):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rollpacker.sim", description=add_parser.__doc__)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
     try:
+        add_arguments(parser)
+        args = parser.parse_args(argv)
         return run(args)
     except ConfigError as exc:
         print(f"rollpacker simulate: error: {exc}", file=sys.stderr)

@@ -2,6 +2,13 @@
 
 Every field's docstring is its `--help` text (tyro).  `parse(argv)` takes `--preset NAME` first,
 then every other flag overrides that preset.
+
+The choices of --policy, --rollout and --trainer are the registries' names (rollpacker.core.policies,
+rollpacker.train.registry; plugin modules in $ROLLPACKER_PLUGINS are imported first): each
+registered policy gets a section of knob flags `--NAME.KNOB`, as does each registered engine or
+trainer that is not a built-in (theirs are the top-level flags below).  `rollout_options()`,
+`trainer_options()`, `rewards_options()`, `batcher_config()` and `build_policy()` turn the flags into
+one config per component, each checked by flag (a bad value is one ConfigError naming it).
 """
 
 from __future__ import annotations
@@ -12,30 +19,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import attrs
-
+from rollpacker.core import BatcherConfig
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.policies import POLICIES, knob_specs, make_policy
+from rollpacker.core.policies import POLICIES, knob_specs, knobs_of, make_policy
 from rollpacker.core.reward_scheduler import RewardConfig
+from rollpacker.plugins import load_plugins
+from rollpacker.train.registry import ROLLOUTS, TRAINERS, options_of
+from rollpacker.train.rewards import RewardsConfig
+
+load_plugins()  # before the registries are read: a plugin's names are choices and its options flags
 
 
-def knob_section(policy: str) -> type:
-    """A dataclass of policy `policy`'s knobs, built from its core class (`--tail.eta-prompts`): the
-    names, types, defaults and help are the core's, so a knob added there is a flag here.  The help
-    goes in the class docstring's Args section, where tyro reads it for a class with no source."""
-    specs = knob_specs(policy)
-    doc = f"Knobs of --policy {policy} (rollpacker.core.policies).\n\nArgs:\n" + "".join(
-        f"    {k.name}: {' '.join(k.help.split())}\n" for k in specs)
-    fields = [(k.name, k.type, field(default=k.default)) for k in specs]
-    cls = dataclasses.make_dataclass(f"{policy.title()}Knobs", fields, kw_only=True, namespace={"__doc__": doc})
+def flag_section(name: str, title: str, knobs) -> type:
+    """A dataclass of one section's flags (`--tail.eta-prompts`), built from a registered class's
+    fields: the names, types, defaults and help are the class's, so a field added there is a flag
+    here.  The help goes in the class docstring's Args section, where tyro reads it for a class with
+    no source; its first line is the section's description."""
+    doc = f"{title}\n\nArgs:\n" + "".join(f"    {k.name}: {' '.join(k.help.split())}\n" for k in knobs)
+    fields = [(k.name, k.type, field(default=k.default)) for k in knobs]
+    cls = dataclasses.make_dataclass(f"{name.title()}Knobs", fields, kw_only=True, namespace={"__doc__": doc})
     cls.__module__ = __name__
     return cls
 
 
-KNOB_SECTIONS = {name: knob_section(name) for name in POLICIES}
-"""Policy name -> its knob dataclass; RunConfig has one field of each, named after the policy."""
-SyncKnobs, TailKnobs, SortedKnobs, PartialKnobs = (KNOB_SECTIONS[n] for n in ("sync", "tail", "sorted", "partial"))
+def _title(kind: str, name: str, cls: type) -> str:
+    """"Knobs of --policy tail (RollPacker's tail batching).", from the class docstring's first line."""
+    about = (cls.__doc__ or "").strip().split("\n")[0].rstrip(".")
+    return f"Knobs of --{kind} {name}" + (f" ({about})." if about else ".")
+
+
+SECTIONS = {name: flag_section(name, _title("policy", name, cls), knob_specs(name)) for name, cls in POLICIES.items()}
+SECTIONS |= {name: flag_section(name, _title(kind, name, cls), knobs_of(cls))
+             for kind, registry in (("rollout", ROLLOUTS), ("trainer", TRAINERS))
+             for name, cls in registry.items() if not getattr(cls, "flat", False)}
+"""Section name -> its flags' dataclass: every policy's knobs, and the options of every registered
+engine and trainer that is not a built-in; RunConfig has one field of each, named after it."""
 PolicyName = Literal[tuple(POLICIES)]
+RolloutName = Literal[tuple(ROLLOUTS)]
+TrainerName = Literal[tuple(TRAINERS)]
 
 
 @dataclass(kw_only=True)
@@ -81,19 +102,11 @@ class RunConfig:
     as module:function or path/file.py:function with veRL's signature compute_score(data_source,
     solution_str, ground_truth, extra_info) -> float | dict (default: reasoning-gym for --tasks, math for
     --dataset)."""
-    # -- policy ----------------------------------------------------------------------------------
+    # -- policy (its knobs: one section per registered policy, added below) ---------------------
     policy: PolicyName = "tail"
     """Round planner policy."""
-    sync: SyncKnobs = field(default_factory=SyncKnobs)
-    """Knobs of --policy sync (veRL's baseline)."""
-    tail: TailKnobs = field(default_factory=TailKnobs)
-    """Knobs of --policy tail (RollPacker's tail batching)."""
-    sorted: SortedKnobs = field(default_factory=SortedKnobs)
-    """Knobs of --policy sorted (SortedRL)."""
-    partial: PartialKnobs = field(default_factory=PartialKnobs)
-    """Knobs of --policy partial (APRIL / Kimi partial rollouts)."""
     # -- rollout ---------------------------------------------------------------------------------
-    rollout: Literal["embedded", "sglang"] = "embedded"
+    rollout: RolloutName = "embedded"
     """Rollout backend: the embedded engine in this process, or SGLang servers (--sglang-urls)."""
     sglang_urls: tuple[str, ...] = ()
     """URLs of running SGLang (or `rollpacker serve`) servers, for --rollout sglang."""
@@ -151,7 +164,7 @@ class RunConfig:
     """DAPO: drop groups whose rewards all agree."""
     micro_batch_tokens: int = 256
     """Most response tokens per training micro-batch."""
-    trainer: Literal["titan", "torch"] = "titan"
+    trainer: TrainerName = "titan"
     """Trainer backend: titan (TorchTitan: FSDP2 and tensor parallelism; needs torch >= 2.13) or
     torch (plain PyTorch on the HF model, FSDP2 under --nproc; runs with torch >= 2.11)."""
     nproc: int = 1
@@ -173,9 +186,25 @@ class RunConfig:
 
     def reward_config(self) -> RewardConfig:
         """The core's reward scheduler: --reward-workers at once, deadlines bounded by --reward-deadline-s."""
-        bound = self.reward_deadline_s
-        floor = attrs.fields(RewardConfig).t_min.default
-        return RewardConfig(workers=self.reward_workers, t_min=min(floor, bound), t_max=bound)
+        return self.rewards_options().scheduler_config()
+
+    def rollout_options(self):
+        """The config of the --rollout engine (its options checked by flag); `.build(context)` makes it."""
+        return options_of(ROLLOUTS, self.rollout, self)
+
+    def trainer_options(self):
+        """The config of the --trainer (its options checked by flag); `.build(context)` makes it."""
+        return options_of(TRAINERS, self.trainer, self)
+
+    def rewards_options(self) -> RewardsConfig:
+        """The scoring component's config (--reward, --reward-workers, --reward-deadline-s), checked by flag."""
+        return RewardsConfig(reward=self.reward_name(), reward_workers=self.reward_workers,
+                             reward_deadline_s=self.reward_deadline_s)
+
+    def batcher_config(self) -> BatcherConfig:
+        """The core's stream batcher: micro-batches of --micro-batch-tokens, the advantage and loss flags."""
+        return BatcherConfig(token_budget=self.micro_batch_tokens, advantage=self.advantage,
+                             loss_aggregation=self.loss_aggregation, dynamic_sampling=self.dynamic_sampling)
 
     def build_policy(self, name: str | None = None):
         return make_policy(name or self.policy, prompts=self.prompts, samples=self.samples,
@@ -183,51 +212,24 @@ class RunConfig:
 
     def validate(self) -> None:
         """Check what can be checked before any model is loaded (names the flag)."""
-        for flag in ("steps", "prompts", "samples", "max_tokens", "dataset_size", "engine_capacity",
-                     "reward_workers", "micro_batch_tokens", "nproc"):
+        for flag in ("steps", "prompts", "samples", "max_tokens", "dataset_size", "micro_batch_tokens", "nproc"):
             if getattr(self, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(self, flag)}")
         if self.prompts > self.dataset_size and self.dataset is None:
             raise ConfigError(f"--prompts ({self.prompts}) is larger than --dataset-size ({self.dataset_size})")
-        if (self.spec_max_rows or 0) < 0 or self.spec_tokens < 1:
-            raise ConfigError(f"--spec-max-rows must be >= 0 and --spec-tokens >= 1, got "
-                              f"{self.spec_max_rows} and {self.spec_tokens}")
-        if self.rollout == "sglang" and not self.sglang_urls:
-            raise ConfigError("--rollout sglang needs --sglang-urls URL [URL ...]")
-        self._check_weight_sync()
+        if self.weight_sync is not None and self.rollout != "sglang":
+            raise ConfigError(f"--weight-sync {self.weight_sync} is for --rollout sglang (the embedded engine shares "
+                              f"the trainer's process)")
+        self.rollout_options()  # each component's options, checked by flag
+        self.rewards_options()
         self._check_sampling_and_times()
         self.device = resolve_device(self.device)
-        for url in self.sglang_urls:
-            _check_url(url)
         self._check_parallel()
         for name in self.compare_policies():
             self.build_policy(name)  # raises ConfigError naming a bad knob
-        self._check_trainer()
+        self.trainer_options()
         self._check_context()
         self._check_data()
-
-    def _check_weight_sync(self) -> None:
-        """--weight-sync is nccl or disk:DIR, for --rollout sglang; unset only with servers on this machine."""
-        if self.weight_sync_bucket_mb < 1:
-            raise ConfigError(f"--weight-sync-bucket-mb must be >= 1, got {self.weight_sync_bucket_mb}")
-        mode = self.weight_sync
-        if mode is not None and self.rollout != "sglang":
-            raise ConfigError(f"--weight-sync {mode} is for --rollout sglang (the embedded engine shares the "
-                              f"trainer's process)")
-        if mode is not None and mode != "nccl" and not (mode.startswith("disk:") and mode[len("disk:"):]):
-            raise ConfigError(f"--weight-sync must be nccl or disk:DIR (a directory every server can read), "
-                              f"got {mode!r}")
-        remote = [u for u in self.sglang_urls if not _is_this_machine(u)]
-        if mode is None and remote:
-            raise ConfigError(f"--sglang-urls {remote[0]} is not on this machine, so it cannot read weights "
-                              f"from a temporary folder here: pass --weight-sync nccl, or --weight-sync disk:DIR "
-                              f"with a directory every server can read")
-
-    @property
-    def weights_dir(self) -> str | None:
-        """The directory of --weight-sync disk:DIR (None otherwise)."""
-        mode = self.weight_sync or ""
-        return mode[len("disk:"):] if mode.startswith("disk:") else None
 
     def reward_name(self) -> str:
         """--reward, or its default for the data source."""
@@ -246,7 +248,7 @@ class RunConfig:
     def _check_data(self) -> None:
         """--dataset rows, its keys and --reward, before any model loads (the prompts' token lengths
         need the tokenizer: Session checks them before the weights load)."""
-        from rollpacker.backends.rewards.functions import check_reward, check_rows
+        from rollpacker.backends.rewards.functions import check_rows
 
         if self.dataset is None and (self.prompt_key or self.answer_key or self.skip_long_rows):
             raise ConfigError("--prompt-key, --answer-key and --skip-long-rows apply to --dataset PATH only")
@@ -255,7 +257,7 @@ class RunConfig:
         if (self.prompt_key is None) != (self.answer_key is None):
             raise ConfigError("--prompt-key and --answer-key go together (the plain layout); pass both, or neither "
                               "for veRL's layout")
-        check_reward(self.reward_name())
+        self.rewards_options().check()
         if self.dataset is None:
             return
         rows = self.load_rows()
@@ -266,7 +268,7 @@ class RunConfig:
     def _check_sampling_and_times(self) -> None:
         """Float flags: finite and in range (a NaN fails every comparison, so test the good range)."""
         ranges = {"temperature": (0.0, None, ">= 0"), "top_p": (0.0, 1.0, "in (0, 1]"), "lr": (0.0, None, ">= 0"),
-                  "reward_deadline_s": (0.0, None, "> 0"), "step_timeout_s": (0.0, None, "> 0")}
+                  "step_timeout_s": (0.0, None, "> 0")}
         for flag, (low, high, wanted) in ranges.items():
             value = getattr(self, flag)
             above = value >= low if flag in ("temperature", "lr") else value > low
@@ -293,18 +295,6 @@ class RunConfig:
             raise ConfigError(f"--max-tokens {self.max_tokens} does not fit the model's context of {context} tokens "
                               f"(max_position_embeddings in {directory / 'config.json'}) with a prompt")
 
-    def _check_trainer(self) -> None:
-        if self.trainer == "torch":
-            if self.tp != 1 or self.dp_shard not in (-1, self.nproc):
-                raise ConfigError(f"--trainer torch shards over all --nproc ranks with FSDP2 only; got --tp {self.tp} "
-                                  f"--dp-shard {self.dp_shard} (use --trainer titan for tensor parallelism)")
-            return
-        from rollpacker.backends.titan.trainer import titan_import_error
-
-        problem = titan_import_error()  # e.g. torch 2.11: fail now, not after the model loads
-        if problem is not None:
-            raise ConfigError(problem)
-
     def compare_policies(self) -> list[str]:
         if not self.compare:
             return [self.policy]
@@ -312,6 +302,21 @@ class RunConfig:
         if len(names) < 2:
             raise ConfigError(f"--compare needs two or more policies, e.g. sync,tail; got {self.compare!r}")
         return names
+
+
+def with_sections(base: type) -> type:
+    """`base` plus one field per section of SECTIONS (`--tail.eta-prompts`, `--NAME.KNOB`), named after it."""
+    taken = {f.name for f in dataclasses.fields(base)} & set(SECTIONS)
+    if taken:
+        raise ConfigError(f"a registered policy, rollout or trainer is named {sorted(taken)[0]!r}, which is already "
+                          f"a flag of the trainer (--{sorted(taken)[0].replace('_', '-')}): register it under another name")
+    fields = [(name, section, field(default_factory=section)) for name, section in SECTIONS.items()]
+    cls = dataclasses.make_dataclass(base.__name__, fields, bases=(base,), kw_only=True)
+    cls.__module__, cls.__qualname__, cls.__doc__ = base.__module__, base.__qualname__, base.__doc__
+    return cls
+
+
+RunConfig = with_sections(RunConfig)
 
 
 # -- presets ---------------------------------------------------------------------------------------
@@ -344,27 +349,6 @@ def resolve_device(device: str) -> str:
     if device == "cuda":
         raise ConfigError("--device cuda but torch sees no CUDA GPU (torch " + torch.__version__ + "); use --device cpu")
     return "cpu"
-
-
-def _is_this_machine(url: str) -> bool:
-    """A loopback address or this host's own name (no DNS lookup: validation must not hang)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    host = (urlsplit(url).hostname or "").lower()
-    return host in ("localhost", "::1", socket.gethostname().lower()) or host.startswith("127.")
-
-
-def _check_url(url: str) -> None:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-    except ValueError:
-        parts = parts._replace(netloc="")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"--sglang-urls: {url!r} is not a server URL like http://127.0.0.1:30000")
 
 
 def parse(argv: list[str]) -> RunConfig:

@@ -12,13 +12,14 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rollpacker.core import BatcherConfig, Scheduler
+from rollpacker.core import Scheduler
 from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import RewardJob
 from rollpacker.driver import LoopConfig, StepLoop, sync_weights
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
+from rollpacker.train.registry import BuildContext
 
 
 class RewardsFailed(RollpackerError):
@@ -86,9 +87,7 @@ class Session:
     def __init__(self, config: RunConfig, run_dir: RunDir, policy: str | None = None,
                  scheduler_state: dict | None = None,
                  on_progress: Callable[[str, dict], None] | None = None) -> None:
-        from rollpacker.backends.rewards import functions as reward_fns
         from rollpacker.backends.models import load_model, resolve_model
-        from rollpacker.backends.rewards.pool import ProcessRewardExecutor
         from rollpacker.backends.titan.model import read_hf_config
 
         self.config = config
@@ -104,44 +103,24 @@ class Session:
         self.memory_plan = plan_run_memory(config, self.model_dir, self.prompts, self.device)
         print(self.memory_plan.line(), flush=True)
         self.memory_plan.check()  # before the trainer and the KV cache, the big items, are built
+        # one build() per component, each from its config (rollpacker.train.registry for the engine
+        # and the trainer, rollpacker.core.policies for the policy)
+        context = BuildContext(run=config, model_dir=self.model_dir, device=self.device, model=model,
+                               memory_plan=self.memory_plan)
+        rewards = config.rewards_options()
         self.policy = config.build_policy(policy)
-        self.scheduler = Scheduler(
-            self.policy, num_prompts=len(self.prompts), seed=config.seed,
-            batcher=BatcherConfig(token_budget=config.micro_batch_tokens, advantage=config.advantage,
-                                  loss_aggregation=config.loss_aggregation,
-                                  dynamic_sampling=config.dynamic_sampling),
-            checkpoint=scheduler_state,
-            rewards=config.reward_config(),
-        )
-        self.trainer = build_trainer(config, self.model_dir, max_forward_tokens=self.memory_plan.forward_tokens)
+        self.scheduler = Scheduler(self.policy, num_prompts=len(self.prompts), seed=config.seed,
+                                   batcher=config.batcher_config(), checkpoint=scheduler_state,
+                                   rewards=rewards.scheduler_config())
+        self.trainer = config.trainer_options().build(context)
         if init_distributed_env()[1] > 1:
             self.trainer = LeaderTrainer(self.trainer)
-        self.engine = self._build_engine(model)
-        reward = config.reward_name()
-        self.rewards = ProcessRewardExecutor(config.reward_workers, scorer=reward_fns.scorer(reward),
-                                             warmup=reward_fns.warmup(reward))
+        self.engine = config.rollout_options().build(context)
+        self.rewards = rewards.build()
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
                              LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,
                                         step_timeout_s=config.step_timeout_s, colocate=config.colocate),
                              on_progress=on_progress)
-
-    def _build_engine(self, model):
-        if self.config.rollout == "sglang":
-            from rollpacker.backends.sglang.client import SGLangEngine
-
-            engine = SGLangEngine(list(self.config.sglang_urls), model_config_dir=self.model_dir,
-                                  weights_dir=self.config.weights_dir)
-            if self.config.weight_sync == "nccl":
-                import torch
-
-                engine.use_distributed_sync(backend="nccl" if self.device == "cuda" else "gloo",
-                                            bucket_bytes=self.config.weight_sync_bucket_mb * 2**20,
-                                            dtype=getattr(torch, self.config.dtype))
-            return engine
-        from rollpacker.backends.embedded.engine import EmbeddedEngine
-
-        return EmbeddedEngine(model, seed=self.config.seed, device=self.device,
-                              **engine_options(self.config, self.memory_plan.kv_tokens_per_row))
 
     @property
     def step(self) -> int:
@@ -235,24 +214,10 @@ class Session:
                 pass
 
 
-def engine_options(config: RunConfig, kv_tokens_per_row: int) -> dict:
-    """The embedded engine's knobs from the run's flags (the model, seed and device aside)."""
-    return dict(capacity=config.engine_capacity, spec_max_rows=config.spec_max_rows, spec_tokens=config.spec_tokens,
-                kv_tokens_per_row=kv_tokens_per_row or None, cuda_graphs=None if config.cuda_graphs else False)
-
-
-def build_trainer(config: RunConfig, model_dir, max_forward_tokens: int | None = None):
-    """The trainer `config.trainer` names: TorchTitan's, or plain PyTorch's on the HF model;
-    `max_forward_tokens`: the memory plan's padded tokens per forward."""
-    common = dict(model_dir=str(model_dir), lr=config.lr, dtype=config.dtype, seed=config.seed,
-                  device=getattr(config, "device", None), max_forward_tokens=max_forward_tokens)
-    if config.trainer == "torch":
-        from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
-
-        return TorchTrainer(TorchTrainerConfig(**common))
-    from rollpacker.backends.titan.trainer import TitanConfig, TitanTrainer
-
-    return TitanTrainer(TitanConfig(**common, dp_shard=config.dp_shard, tp=config.tp))
+def build_trainer(config: RunConfig, model_dir, memory_plan=None):
+    """The trainer `config.trainer` names (a registry entry), alone: ranks > 0 hold only this."""
+    context = BuildContext(run=config, model_dir=model_dir, device=config.device, memory_plan=memory_plan)
+    return config.trainer_options().build(context)
 
 
 def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: str):
@@ -276,7 +241,7 @@ def follower_main(config: RunConfig) -> None:
 
     model_dir = resolve_model(config.model)
     plan = plan_run_memory(config, model_dir, load_prompts(config, model_dir), resolve_device(config.device))
-    follow(build_trainer(config, model_dir, max_forward_tokens=plan.forward_tokens))  # rank 0's forwards
+    follow(build_trainer(config, model_dir, memory_plan=plan))  # rank 0's forwards
 
 
 def _as_dict(report) -> dict:

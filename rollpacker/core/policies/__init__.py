@@ -7,6 +7,9 @@
     partial_rollout.py  APRIL / Kimi partial rollouts: abort at target, resume next round
     policy_base.py      the fields and helpers they share
     knobs.py            each policy's knobs (name, type, default, docstring) for the CLIs
+
+A new policy is one file with its attrs class plus `register_policy("name", Class)` (from the
+package, or from a plugin module: see rollpacker.plugins); both CLIs then offer it and its knobs.
 """
 
 from __future__ import annotations
@@ -21,9 +24,20 @@ from .sync_rollout import SyncPolicy
 from .tail_batching import TailPolicy
 
 __all__ = ["POLICIES", "RUN_SHAPE", "Knob", "PartialPolicy", "SortedPolicy", "SyncPolicy", "TailPolicy", "knob_specs",
-           "make_policy", "policy_knobs"]
+           "make_policy", "policy_knobs", "register_policy"]
 
 POLICIES = {"sync": SyncPolicy, "tail": TailPolicy, "sorted": SortedPolicy, "partial": PartialPolicy}
+"""The policy registry: name -> attrs class (its fields past the run's shape are its knobs)."""
+
+
+def register_policy(name: str, cls: type) -> None:
+    """Add policy `cls` as --policy `name` of both CLIs, its knobs as flags (before they are imported)."""
+    if not name.isidentifier() or name in POLICIES:
+        raise ConfigError(f"policy name {name!r} must be a new Python identifier (registered: {', '.join(POLICIES)})")
+    if not attrs.has(cls) or not set(RUN_SHAPE) <= {f.name for f in attrs.fields(cls)}:
+        raise ConfigError(f"policy {name!r}: {cls!r} must be an attrs class with the fields {', '.join(RUN_SHAPE)} "
+                          f"(subclass rollpacker.core.policies.policy_base.PolicyBase)")
+    POLICIES[name] = cls
 
 
 def make_policy(name: str, **knobs):

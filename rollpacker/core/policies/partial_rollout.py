@@ -21,6 +21,8 @@ from .policy_base import PolicyBase, over
 
 @frozen(kw_only=True)
 class PartialPolicy(PolicyBase):
+    """APRIL / Kimi partial rollouts."""
+
     name = "partial"
     eta_prompts: float = field(default=1.25, validator=at_least_one)
     """Over-sampling factor of prompts per round."""

@@ -37,6 +37,8 @@ MODES = get_args(Mode)
 
 @frozen(kw_only=True)
 class SortedPolicy(PolicyBase):
+    """SortedRL."""
+
     name = "sorted"
     group_batches: int = field(default=4, validator=positive)
     """n: rollout batches loaded together."""

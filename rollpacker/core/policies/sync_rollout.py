@@ -11,6 +11,8 @@ from .policy_base import PolicyBase
 
 @frozen(kw_only=True)
 class SyncPolicy(PolicyBase):
+    """veRL's baseline."""
+
     name = "sync"
 
     def open_round(self, state: PlannerState) -> tuple[PlannerState, str, list[Group]]:

@@ -46,6 +46,8 @@ def _fraction(instance, attribute, value) -> None:
 
 @frozen(kw_only=True)
 class TailPolicy(PolicyBase):
+    """RollPacker's tail batching."""
+
     name = "tail"
     eta_prompts: float = field(default=1.25, validator=at_least_one)
     """Over-launch factor of prompts in short rounds."""

@@ -1,0 +1,107 @@
+"""The built-in rollout engines of the reference trainer, as registry entries (rollpacker.train.registry):
+`embedded` (the engine in this process) and `sglang` (running servers).  Each config holds the
+engine's options, checks them by flag, and builds the engine."""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+from rollpacker.core.errors import ConfigError
+
+from .flag_checks import at_least
+
+
+@frozen(kw_only=True)
+class EmbeddedRollout:
+    """--rollout embedded: rollpacker's engine, in this process, on the trainer's device."""
+
+    flat = True  # the options are the top-level flags --engine-capacity, --spec-max-rows, ...
+    engine_capacity: int = field(default=32, validator=at_least(1))
+    spec_max_rows: int | None = None
+    spec_tokens: int = 4
+    cuda_graphs: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if (self.spec_max_rows or 0) < 0 or self.spec_tokens < 1:
+            raise ConfigError(f"--spec-max-rows must be >= 0 and --spec-tokens >= 1, got "
+                              f"{self.spec_max_rows} and {self.spec_tokens}")
+
+    def engine_options(self, kv_tokens_per_row: int) -> dict:
+        """The embedded engine's keyword arguments (the model, seed and device aside)."""
+        return dict(capacity=self.engine_capacity, spec_max_rows=self.spec_max_rows, spec_tokens=self.spec_tokens,
+                    kv_tokens_per_row=kv_tokens_per_row or None, cuda_graphs=None if self.cuda_graphs else False)
+
+    def build(self, context):
+        from rollpacker.backends.embedded.engine import EmbeddedEngine
+
+        return EmbeddedEngine(context.model, seed=context.run.seed, device=context.device,
+                              **self.engine_options(context.memory_plan.kv_tokens_per_row))
+
+
+def _urls(instance, attribute, value) -> None:
+    if not value:
+        raise ConfigError("--rollout sglang needs --sglang-urls URL [URL ...]")
+    for url in value:
+        _check_url(url)
+
+
+def _weight_sync(instance, attribute, mode) -> None:
+    if mode is not None and mode != "nccl" and not (mode.startswith("disk:") and mode[len("disk:"):]):
+        raise ConfigError(f"--weight-sync must be nccl or disk:DIR (a directory every server can read), "
+                          f"got {mode!r}")
+
+
+@frozen(kw_only=True)
+class SGLangRollout:
+    """--rollout sglang: running SGLang (or `rollpacker serve`) servers, weights sent each step."""
+
+    flat = True  # the options are the top-level flags --sglang-urls, --weight-sync, ...
+    sglang_urls: tuple[str, ...] = field(validator=_urls)
+    weight_sync: str | None = field(default=None, validator=_weight_sync)
+    weight_sync_bucket_mb: int = field(default=512, validator=at_least(1))
+
+    def __attrs_post_init__(self) -> None:
+        remote = [u for u in self.sglang_urls if not _is_this_machine(u)]
+        if self.weight_sync is None and remote:
+            raise ConfigError(f"--sglang-urls {remote[0]} is not on this machine, so it cannot read weights "
+                              f"from a temporary folder here: pass --weight-sync nccl, or --weight-sync disk:DIR "
+                              f"with a directory every server can read")
+
+    @property
+    def weights_dir(self) -> str | None:
+        """The directory of --weight-sync disk:DIR (None otherwise)."""
+        mode = self.weight_sync or ""
+        return mode[len("disk:"):] if mode.startswith("disk:") else None
+
+    def build(self, context):
+        from rollpacker.backends.sglang.client import SGLangEngine
+
+        engine = SGLangEngine(list(self.sglang_urls), model_config_dir=context.model_dir, weights_dir=self.weights_dir)
+        if self.weight_sync == "nccl":
+            import torch
+
+            engine.use_distributed_sync(backend="nccl" if context.device == "cuda" else "gloo",
+                                        bucket_bytes=self.weight_sync_bucket_mb * 2**20,
+                                        dtype=getattr(torch, context.run.dtype))
+        return engine
+
+
+def _is_this_machine(url: str) -> bool:
+    """A loopback address or this host's own name (no DNS lookup: validation must not hang)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "::1", socket.gethostname().lower()) or host.startswith("127.")
+
+
+def _check_url(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--sglang-urls: {url!r} is not a server URL like http://127.0.0.1:30000")

@@ -1,0 +1,247 @@
+"""Registries: a policy, a rollout engine and a trainer added from a plugin module (one file, one
+register call each, nothing in the package edited) are choices of both CLIs, with their options as
+flags, and a run really uses them; bad component options are one line naming the flag."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rollpacker.core.errors import ConfigError
+from rollpacker.train.config import parse
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "reference" / "train.py"
+
+PLUGIN = '''
+"""A plugin: policy foo, rollout engine counting, trainer loud."""
+import sys
+
+from attrs import field, frozen
+
+from rollpacker.core.errors import ConfigError
+from rollpacker.core.policies import SyncPolicy, register_policy
+from rollpacker.train.registry import ROLLOUTS, options_of, register_rollout, register_trainer
+from rollpacker.train.trainers import TorchTrainerOptions, common_options
+
+
+@frozen(kw_only=True)
+class FooPolicy(SyncPolicy):
+    """The plugin's policy."""
+
+    name = "foo"
+    foo_knob: int = 3
+    """A knob only the plugin has."""
+
+    def open_round(self, state):
+        print(f"foo opens a round, foo_knob={self.foo_knob}", file=sys.stderr, flush=True)
+        return super().open_round(state)
+
+
+def _label(instance, attribute, value):
+    if not value:
+        raise ConfigError("--counting.label must not be empty")
+
+
+class CountingEngine:
+    """The embedded engine, counting the requests it is given."""
+
+    def __init__(self, inner, label):
+        self.inner, self.label, self.submitted = inner, label, 0
+
+    def submit(self, requests):
+        self.submitted += len(requests)
+        self.inner.submit(requests)
+
+    def close(self):
+        print(f"counting engine {self.label}: {self.submitted} requests", flush=True)
+        self.inner.close()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@frozen(kw_only=True)
+class CountingRollout:
+    """The embedded engine, counted."""
+
+    label: str = field(default="plain", validator=_label)
+    """Printed beside the count when the engine closes."""
+
+    def build(self, context):
+        return CountingEngine(options_of(ROLLOUTS, "embedded", context.run).build(context), self.label)
+
+
+@frozen(kw_only=True)
+class LoudTrainerOptions(TorchTrainerOptions):
+    """Plain PyTorch, saying so at each optimizer step."""
+
+    flat = False
+    tag: str = "t"
+    """Printed at each optimizer step."""
+
+    def build(self, context):
+        from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
+
+        tag = self.tag
+
+        class LoudTrainer(TorchTrainer):
+            def optimizer_step(self, loss_normalizer):
+                print(f"loud trainer {tag}: optimizer step", flush=True)
+                return super().optimizer_step(loss_normalizer)
+
+        return LoudTrainer(TorchTrainerConfig(**common_options(context)))
+
+
+register_policy("foo", FooPolicy)
+register_rollout("counting", CountingRollout)
+register_trainer("loud", LoudTrainerOptions)
+'''
+
+
+@pytest.fixture
+def plugin_env(tmp_path) -> dict:
+    (tmp_path / "my_plugin.py").write_text(textwrap.dedent(PLUGIN))
+    return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "ROLLPACKER_PLUGINS": "my_plugin"}
+
+
+def run(args, env, timeout=240):
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=env)
+
+
+def simulate_cmd(*args) -> list[str]:
+    return ["-c", "import sys; from rollpacker.cli import main; sys.exit(main())", "simulate", *args]
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from rollpacker.backends.models import tiny_random_llama
+
+    return tiny_random_llama()
+
+
+@pytest.mark.timeout(300)
+def test_a_plugin_policy_engine_and_trainer_run_in_reference_train(plugin_env, tiny_model, tmp_path):
+    """The issue's bug: a policy put in the registry crashed reference/train.py --policy foo (RunConfig
+    had no section for it).  Now it, an engine and a trainer from the plugin run one step."""
+    out = tmp_path / "run"
+    proc = run([TRAIN, "--preset", "tiny_debug", "--model", tiny_model, "--steps", 1, "--out", out,
+                "--policy", "foo", "--foo.foo-knob", 7, "--rollout", "counting", "--counting.label", "hello",
+                "--trainer", "loud", "--loud.tag", "xyz"], plugin_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "policy foo on cpu" in proc.stdout
+    assert "foo opens a round, foo_knob=7" in proc.stderr
+    assert "counting engine hello: 4 requests" in proc.stdout  # tiny_debug: P=2 x R=2, one sync-like round
+    assert "loud trainer xyz: optimizer step" in proc.stdout
+    state = json.loads((out / "state" / "trainer" / "rollpacker_trainer.json").read_text())
+    assert state["trainer"] == "LoudTrainer" and state["step"] == 1
+    saved = json.loads((out / "state" / "config.json").read_text())
+    assert (saved["policy"], saved["foo"]["foo_knob"], saved["rollout"], saved["counting"], saved["trainer"],
+            saved["loud"]) == ("foo", 7, "counting", {"label": "hello"}, "loud", {"tag": "xyz"})
+
+
+def test_a_policy_put_in_the_registry_dict_is_a_policy_of_the_trainer(tmp_path):
+    """The issue's report as it was: POLICIES["foo"] = ... before the CLI is imported; parse and
+    validate of --policy foo raised AttributeError ('RunConfig' object has no attribute 'foo')."""
+    (tmp_path / "put_foo.py").write_text("from attrs import frozen\n"
+                                         "from rollpacker.core.policies import POLICIES, SyncPolicy\n"
+                                         "@frozen(kw_only=True)\nclass Foo(SyncPolicy):\n    bar: int = 1\n"
+                                         "POLICIES['foo'] = Foo\n")
+    check = ("import put_foo\nfrom rollpacker.train.config import parse\n"
+             "config = parse(['--preset', 'tiny_debug', '--device', 'cpu', '--policy', 'foo', '--foo.bar', '4'])\n"
+             "config.validate()\nprint(type(config.build_policy()).__name__, config.build_policy().bar)\n")
+    proc = run(["-c", check], {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["Foo", "4"]
+
+
+def test_the_plugin_options_are_in_the_help_of_both_clis(plugin_env):
+    train = run([TRAIN, "--help"], {**plugin_env, "COLUMNS": "200"}, timeout=120)
+    text = " ".join(train.stdout.replace("│", "").split())
+    assert train.returncode == 0, train.stderr
+    for part in ("{sync,tail,sorted,partial,foo}", "{embedded,sglang,counting}", "{titan,torch,loud}",
+                 "--foo.foo-knob INT A knob only the plugin has.", "--counting.label STR Printed beside the count",
+                 "--loud.tag STR Printed at each optimizer step.", "Knobs of --rollout counting (The embedded engine, counted)."):
+        assert part in text, part
+    sim = run(simulate_cmd("--help"), {**plugin_env, "COLUMNS": "200"}, timeout=120)
+    assert sim.returncode == 0 and "partial,foo}" in sim.stdout and "--foo-knob" in sim.stdout
+    assert "A knob only the plugin has." in sim.stdout
+
+
+def test_a_plugin_policy_runs_in_the_simulator(plugin_env, tmp_path):
+    out = tmp_path / "sim.json"
+    proc = run(simulate_cmd("--policy", "foo", "--foo-knob", "5", "--prompts", "4", "--samples", "2", "--steps", "2",
+                            "--max-tokens", "512", "--instances", "2", "--no-progress", "--json", str(out)),
+               plugin_env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["config"]["policy"] == "foo" and result["config"]["knobs"] == {"foo_knob": 5}
+    assert proc.stderr.count("foo opens a round, foo_knob=5") == 2 and len(result["steps"]) == 2
+
+
+@pytest.mark.parametrize("cli", ["train", "simulate"])
+def test_a_plugin_that_does_not_import_is_one_line_naming_the_variable(plugin_env, cli):
+    env = {**plugin_env, "ROLLPACKER_PLUGINS": "my_plugin,no_such_plugin"}
+    proc = run([TRAIN, "--help"] if cli == "train" else simulate_cmd("--help"), env, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "ROLLPACKER_PLUGINS" in line and "'no_such_plugin'" in line
+
+
+def test_bad_plugin_options_and_registrations_are_one_line(plugin_env, tiny_model, tmp_path):
+    proc = run([TRAIN, "--preset", "tiny_debug", "--model", tiny_model, "--out", tmp_path / "run",
+                "--rollout", "counting", "--counting.label", ""], plugin_env, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --counting.label must not be empty"
+    (tmp_path / "clash.py").write_text("from rollpacker.core.policies import SyncPolicy, register_policy\n"
+                                       "register_policy('steps', SyncPolicy)\n")
+    proc = run([TRAIN, "--help"], {**plugin_env, "ROLLPACKER_PLUGINS": "clash"}, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "'steps'" in proc.stderr and "--steps" in proc.stderr
+    from rollpacker.core.policies import SyncPolicy, register_policy
+
+    with pytest.raises(ConfigError, match="'tail' must be a new"):
+        register_policy("tail", SyncPolicy)
+    with pytest.raises(ConfigError, match="must be an attrs class"):
+        register_policy("bare", dict)
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--engine-capacity", "0"], "--engine-capacity must be >= 1, got 0"),
+        (["--spec-tokens", "0"], "--spec-max-rows must be >= 0 and --spec-tokens >= 1, got None and 0"),
+        (["--reward-workers", "0"], "--reward-workers must be >= 1, got 0"),
+        (["--reward-deadline-s", "nan"], "--reward-deadline-s must be > 0, got nan"),
+        (["--rollout", "sglang"], "--rollout sglang needs --sglang-urls URL [URL ...]"),
+        (["--rollout", "sglang", "--sglang-urls", "http://127.0.0.1:1", "--weight-sync-bucket-mb", "0"],
+         "--weight-sync-bucket-mb must be >= 1, got 0"),
+        (["--rollout", "sglang", "--sglang-urls", "http://127.0.0.1:1", "--weight-sync", "ftp"],
+         "--weight-sync must be nccl or disk:DIR (a directory every server can read), got 'ftp'"),
+        (["--weight-sync", "nccl"], "--weight-sync nccl is for --rollout sglang"),
+        (["--trainer", "torch", "--tp", "2", "--nproc", "2"], "--trainer torch shards over all --nproc ranks"),
+    ],
+)
+def test_a_bad_component_option_is_one_config_error_naming_its_flag(args, line):
+    config = parse(["--preset", "tiny_debug", "--device", "cpu", *args])
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+
+
+def test_the_component_configs_take_the_flags():
+    config = parse(["--rollout", "sglang", "--sglang-urls", "http://127.0.0.1:1", "--weight-sync", "disk:/tmp/w",
+                    "--reward-workers", "3", "--reward-deadline-s", "1.5", "--trainer", "titan", "--tp", "2"])
+    rollout = config.rollout_options()
+    assert type(rollout).__name__ == "SGLangRollout" and rollout.sglang_urls == ("http://127.0.0.1:1",)
+    assert rollout.weights_dir == "/tmp/w"
+    rewards = config.rewards_options()
+    assert (rewards.reward, rewards.reward_workers, rewards.reward_deadline_s) == ("reasoning-gym", 3, 1.5)
+    assert rewards.scheduler_config().t_max == 1.5 and rewards.scheduler_config().t_min == 1.5
+    assert parse(["--micro-batch-tokens", "77", "--advantage", "rloo"]).batcher_config().token_budget == 77
