@@ -5,22 +5,53 @@ Rank 0 runs the scheduler, the rollout engine and the reward workers; every trai
 the follower ranks, so all ranks enter TorchTitan's collectives together with the same arguments.
 `named_weights` is a generator of per-parameter gathers: rank 0 consumes it (sending each tensor to
 the servers), the followers run it to the end keeping nothing, then wait for the next command.
+Paths are sent absolute (a node may start in another directory).  Checks that only rank 0 makes
+(`on_rank0`: the run lock, the saved state) reach every rank, so their one line stops every node.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
+
+from rollpacker.core.errors import RollpackerError
 
 _STOP = "stop"
 _DRAINED = ("named_weights",)  # generators: a follower runs their gathers to the end, keeping nothing
 
 
-def _broadcast(message: Any) -> Any:
+class LeaderLost(RollpackerError):
+    """A follower rank lost rank 0 (it ended, or its node died); names the collective's error."""
+
+
+def broadcast(message: Any) -> Any:
+    """Rank 0's `message` on every rank (the others pass None)."""
     import torch.distributed as dist
 
     box = [message]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_rank0(check: Callable[[], Any]) -> Any:
+    """`check()` on rank 0 alone, its outcome on every rank: its (picklable) value, or its
+    RollpackerError raised on each, rather than one rank failing while the others wait for it in
+    a collective.  Without torchrun, just `check()`."""
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return check()
+    import torch.distributed as dist
+
+    outcome = None
+    if dist.get_rank() == 0:
+        try:
+            outcome = (check(), None)
+        except RollpackerError as exc:
+            outcome = (None, exc)
+    value, error = broadcast(outcome)
+    if error is not None:
+        raise error
+    return value
 
 
 class LeaderTrainer:
@@ -30,7 +61,7 @@ class LeaderTrainer:
         self.trainer = trainer
 
     def _call(self, name: str, *args):
-        _broadcast((name, args))
+        broadcast((name, args))
         return getattr(self.trainer, name)(*args)
 
     def forward_backward(self, batch):
@@ -47,19 +78,26 @@ class LeaderTrainer:
         return self._call("named_weights")
 
     def save(self, path):
-        return self._call("save", path)
+        return self._call("save", os.path.abspath(path))
 
     def load(self, path):
-        return self._call("load", path)
+        return self._call("load", os.path.abspath(path))
 
     def stop(self) -> None:
-        _broadcast((_STOP, ()))
+        broadcast((_STOP, ()))
 
 
 def follow(trainer) -> None:
     """A follower rank: execute rank 0's trainer calls until it stops."""
     while True:
-        name, args = _broadcast(None)
+        try:
+            name, args = broadcast(None)
+        except RuntimeError as exc:  # gloo/NCCL: the connection closed (rank 0 ended or died), or the timeout
+            import torch.distributed as dist
+
+            raise LeaderLost(f"trainer rank {dist.get_rank()} lost rank 0, which drives the run, while waiting for "
+                             f"its next call ({str(exc).splitlines()[0][:200]}); rank 0's output says why; "
+                             f"--resume continues from the last saved step") from None
         if name == _STOP:
             return
         result = getattr(trainer, name)(*args)
