@@ -19,10 +19,20 @@ from rollpacker.core.errors import RollpackerError
 
 _STOP = "stop"
 _DRAINED = ("named_weights",)  # generators: a follower runs their gathers to the end, keeping nothing
+_OWN_ERRORS = ("save", "load")  # rank 0's run directory names their failures (a full disk, a damaged state)
 
 
-class LeaderLost(RollpackerError):
-    """A follower rank lost rank 0 (it ended, or its node died); names the collective's error."""
+class RankFailed(RollpackerError):
+    """A trainer call failed on this rank, or a rank was lost (its process ended, its node died);
+    names the rank, the call and the error, in one line."""
+
+
+def _failed(exc: RuntimeError, what: str) -> RankFailed:
+    import torch.distributed as dist
+
+    return RankFailed(f"trainer rank {dist.get_rank()} {what} ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:200]}); when a rank died, its node's output says why; --resume "
+                      f"continues from the last saved step")
 
 
 def broadcast(message: Any) -> Any:
@@ -61,8 +71,16 @@ class LeaderTrainer:
         self.trainer = trainer
 
     def _call(self, name: str, *args):
-        broadcast((name, args))
-        return getattr(self.trainer, name)(*args)
+        try:
+            broadcast((name, args))
+        except RuntimeError as exc:  # gloo/NCCL: a follower's connection closed, or the timeout
+            raise _failed(exc, f"lost a follower rank while sending it {name}") from None
+        if name in _OWN_ERRORS:
+            return getattr(self.trainer, name)(*args)
+        try:
+            return getattr(self.trainer, name)(*args)
+        except RuntimeError as exc:  # e.g. a collective whose peer died: one line, as the followers'
+            raise _failed(exc, f"failed in {name}") from exc
 
     def forward_backward(self, batch):
         return self._call("forward_backward", batch)
@@ -84,7 +102,11 @@ class LeaderTrainer:
         return self._call("load", os.path.abspath(path))
 
     def stop(self) -> None:
-        broadcast((_STOP, ()))
+        """Release the followers (on the way out, after an error too: one already gone needs nothing)."""
+        try:
+            broadcast((_STOP, ()))
+        except RuntimeError:
+            pass
 
 
 def follow(trainer) -> None:
@@ -92,15 +114,14 @@ def follow(trainer) -> None:
     while True:
         try:
             name, args = broadcast(None)
-        except RuntimeError as exc:  # gloo/NCCL: the connection closed (rank 0 ended or died), or the timeout
-            import torch.distributed as dist
-
-            raise LeaderLost(f"trainer rank {dist.get_rank()} lost rank 0, which drives the run, while waiting for "
-                             f"its next call ({str(exc).splitlines()[0][:200]}); rank 0's output says why; "
-                             f"--resume continues from the last saved step") from None
+        except RuntimeError as exc:  # gloo/NCCL: rank 0's connection closed (it ended or died), or the timeout
+            raise _failed(exc, "lost rank 0, which drives the run, while waiting for its next call") from None
         if name == _STOP:
             return
-        result = getattr(trainer, name)(*args)
-        if name in _DRAINED:
-            for _ in result:
-                pass
+        try:
+            result = getattr(trainer, name)(*args)
+            if name in _DRAINED:
+                for _ in result:
+                    pass
+        except RuntimeError as exc:  # e.g. a collective whose peer died: one line, as rank 0's
+            raise _failed(exc, f"failed in {name}") from exc
