@@ -68,8 +68,8 @@ def main(argv: list[str]) -> int:
         on_rank0(lambda: RunDir(config.resume).lock("--resume").check_state())
         config = dataclasses.replace(resumed_config(config, argv), dist_timeout_s=config.dist_timeout_s)
     if world > 1:
-        check_torchrun_flags(config, argv, world)
-        config.nproc = world  # torchrun's nodes x processes per node, as the saved config records it
+        check_dist_timeout(config)
+        config.nproc = world  # torchrun's nodes x processes per node (it refuses a --nproc after the script)
     config.validate()  # bad flags fail here, before any model is loaded
 
     if not on_rank0(lambda: ready_to_train(config)):  # rank 0's checks of --out stop every rank alike
@@ -96,12 +96,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def check_torchrun_flags(config: RunConfig, argv: list[str], world: int) -> None:
-    """Under torchrun its own flags set the processes (--nproc has nothing left to do), and a
-    collective may wait for rank 0's longest step."""
-    if "nproc" in given_flags(argv) and config.nproc != world:
-        raise ConfigError(f"--nproc {config.nproc} under torchrun, which started {world} processes (--nnodes x "
-                          f"--nproc-per-node): drop --nproc")
+def check_dist_timeout(config: RunConfig) -> None:
+    """Under torchrun a collective may wait for rank 0's longest step."""
     if config.dist_timeout_s <= config.step_timeout_s:
         raise ConfigError(f"--dist-timeout-s {config.dist_timeout_s:g} must exceed --step-timeout-s "
                           f"{config.step_timeout_s:g}: the other ranks wait in a collective while rank 0 runs a step")

@@ -164,3 +164,16 @@ def test_an_out_directory_the_nodes_do_not_share_is_one_line_on_both_before_any_
         assert line.endswith("give every node the same directory on a shared filesystem")
     assert not list((tmp_path / "a").iterdir()), "nothing written: not even the check's file is left"
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_dist_timeout_below_the_step_timeout_is_one_line_on_both_nodes_before_any_model_loads(tiny_model, tmp_path):
+    """The followers wait in a collective while rank 0 runs a step: the process group's timeout must be longer."""
+    args = ["--step-timeout-s", 200, "--dist-timeout-s", 100]
+    nodes = start_nodes(tmp_path, [*TINY, "--model", tiny_model, "--out", tmp_path / "run", *args])
+    for node, code in zip(nodes, finish(nodes, timeout_s=200)):
+        stderr = node.stderr()
+        assert code != 0 and "Loading weights" not in stderr and "[rank" not in stderr, stderr[-3000:]
+        (line,) = error_lines(stderr)
+        assert "--dist-timeout-s 100 must exceed --step-timeout-s 200" in line, line
+    assert not (tmp_path / "run" / "run.lock").exists(), "stopped before rank 0 took --out"
