@@ -42,8 +42,10 @@ def missing_package(exc: ModuleNotFoundError) -> int:
 try:
     from rollpacker.core.errors import ConfigError, RollpackerError
     from rollpacker.train.config import SECTIONS, RunConfig, parse
+    from rollpacker.train.nodes import start_ranks
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
     from rollpacker.train.progress import StageBars, step_line
+    from rollpacker.train.ranks import on_rank0
     from rollpacker.train.session import Session, follower_main, init_distributed_env
 except ModuleNotFoundError as _exc:
     sys.exit(missing_package(_exc))
@@ -63,19 +65,22 @@ def _terminated(signum, frame):
 def main(argv: list[str]) -> int:
     config = parse(argv)
     rank, world = init_distributed_env()
-    if config.resume is not None:
-        if rank == 0:  # one trainer per directory, and its state whole, before anything is read from it
-            RunDir(config.resume).lock("--resume").check_state()
-        config = resumed_config(config, argv)
+    if world > 1:  # under torchrun, on one node or several (README: Multi-node)
+        start_ranks(config.resume or config.out, "--resume" if config.resume else "--out", config.dist_timeout_s)
+    if config.resume is not None:  # one trainer per directory, and its state whole, before anything is read from it
+        on_rank0(lambda: RunDir(config.resume).lock("--resume").check_state())
+        config = dataclasses.replace(resumed_config(config, argv), dist_timeout_s=config.dist_timeout_s)
+    if world > 1:
+        check_dist_timeout(config)
+        config.nproc = world  # torchrun's nodes x processes per node (it refuses a --nproc after the script)
     config.validate()  # bad flags fail here, before any model is loaded
 
+    if not on_rank0(lambda: ready_to_train(config)):  # rank 0's checks of --out stop every rank alike
+        return 0
     if rank > 0:
         follower_main(config)
         return 0
-    run_dir = RunDir(config.out).lock()  # not writable, or in use: one line naming --out, before any model loads
-    if not has_work(config, run_dir):
-        return 0
-    run_dir.check_dataset(config.dataset, resume=config.resume is not None)
+    run_dir = RunDir(config.out).lock()  # held since ready_to_train
     signal.signal(signal.SIGTERM, _terminated)
     try:
         if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
@@ -92,6 +97,23 @@ def main(argv: list[str]) -> int:
     print(f"\noutputs in {run_dir.path}/: metrics.jsonl, tensorboard/, timeline.png, summary.png, "
           f"checkpoints/ (HF safetensors), state/ (resume with --resume {run_dir.path})")
     return 0
+
+
+def check_dist_timeout(config: RunConfig) -> None:
+    """Under torchrun a collective may wait for rank 0's longest step."""
+    if config.dist_timeout_s <= config.step_timeout_s:
+        raise ConfigError(f"--dist-timeout-s {config.dist_timeout_s:g} must exceed --step-timeout-s "
+                          f"{config.step_timeout_s:g}: the other ranks wait in a collective while rank 0 runs a step")
+
+
+def ready_to_train(config: RunConfig) -> bool:
+    """Rank 0 takes --out (not writable, or in use: one line naming it, before any model loads) and
+    says whether there is a step to train."""
+    run_dir = RunDir(config.out).lock()
+    if not has_work(config, run_dir):
+        return False
+    run_dir.check_dataset(config.dataset, resume=config.resume is not None)
+    return True
 
 
 def has_work(config: RunConfig, run_dir: RunDir) -> bool:
@@ -120,7 +142,8 @@ def interrupted_line(config: RunConfig, run_dir: RunDir, what: str = "interrupte
     return f"{what} at step {step}; --resume {run_dir.path} continues"
 
 
-RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device", "cuda_graphs", "allow_failed_rewards")
+RESUME_MAY_CHANGE = ("resume", "preset", "steps", "step_timeout_s", "device", "cuda_graphs", "allow_failed_rewards",
+                     "dist_timeout_s")
 """Flags a resume takes from the command line; every other one comes from the saved config."""
 
 

@@ -179,6 +179,10 @@ class RunConfig:
     """Where the engine and the trainer run, together on one device: auto is cuda when available."""
     step_timeout_s: float = 1800.0
     """Fail a step that runs longer than this (a stuck engine or server)."""
+    dist_timeout_s: float = 3600.0
+    """Under torchrun: fail a collective a trainer rank waits in longer than this (a node that hangs
+    without dying; a dead one fails at once).  Above --step-timeout-s: the followers wait in one while
+    rank 0 generates."""
 
     def policy_knobs(self, name: str | None = None) -> dict:
         """The knobs of policy `name` (default --policy) as keyword arguments of its core class."""

@@ -16,6 +16,10 @@ outside the run) is one line naming the file and the way out, not a traceback fr
 One process at a time: the trainer holds an `fcntl.flock` on run.lock for its whole life, so a
 second trainer (a new run, a --resume, a --compare) on the same directory is refused with one line
 naming the PID, and a killed one (even kill -9) leaves no stale lock: the OS drops it with the process.
+
+Several trainer ranks (torchrun, one node or several): every rank writes its own DCP shard into
+state/trainer/, rank 0 everything else, and only global rank 0 takes run.lock.  On several nodes the
+directory must be shared; train/nodes.py checks that it is before anything reads or writes it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -119,9 +124,8 @@ class RunDir:
         self.path = Path(path)
         try:  # fail here, before any model loads, not at the first save
             self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".write_probe"
-            probe.write_text("")
-            probe.unlink()
+            with tempfile.NamedTemporaryFile(dir=self.path, prefix=".write_probe"):  # its own name: other ranks probe too
+                pass
         except OSError as exc:
             raise ConfigError(f"--out {self.path}: cannot write there ({os_reason(exc, self.path)})") from None
         self.metrics_path = self.path / "metrics.jsonl"

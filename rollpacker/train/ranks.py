@@ -5,22 +5,63 @@ Rank 0 runs the scheduler, the rollout engine and the reward workers; every trai
 the follower ranks, so all ranks enter TorchTitan's collectives together with the same arguments.
 `named_weights` is a generator of per-parameter gathers: rank 0 consumes it (sending each tensor to
 the servers), the followers run it to the end keeping nothing, then wait for the next command.
+Paths are sent absolute (a node may start in another directory).  Checks that only rank 0 makes
+(`on_rank0`: the run lock, the saved state) reach every rank, so their one line stops every node.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
+
+from rollpacker.core.errors import RollpackerError
 
 _STOP = "stop"
 _DRAINED = ("named_weights",)  # generators: a follower runs their gathers to the end, keeping nothing
+_OWN_ERRORS = ("save", "load")  # rank 0's run directory names their failures (a full disk, a damaged state)
 
 
-def _broadcast(message: Any) -> Any:
+class RankFailed(RollpackerError):
+    """A trainer call failed on this rank, or a rank was lost (its process ended, its node died);
+    names the rank, the call and the error, in one line."""
+
+
+def _failed(exc: RuntimeError, what: str) -> RankFailed:
+    import torch.distributed as dist
+
+    return RankFailed(f"trainer rank {dist.get_rank()} {what} ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0][:200]}); when a rank died, its node's output says why; --resume "
+                      f"continues from the last saved step")
+
+
+def broadcast(message: Any) -> Any:
+    """Rank 0's `message` on every rank (the others pass None)."""
     import torch.distributed as dist
 
     box = [message]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_rank0(check: Callable[[], Any]) -> Any:
+    """`check()` on rank 0 alone, its outcome on every rank: its (picklable) value, or its
+    RollpackerError raised on each, rather than one rank failing while the others wait for it in
+    a collective.  Without torchrun, just `check()`."""
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return check()
+    import torch.distributed as dist
+
+    outcome = None
+    if dist.get_rank() == 0:
+        try:
+            outcome = (check(), None)
+        except RollpackerError as exc:
+            outcome = (None, exc)
+    value, error = broadcast(outcome)
+    if error is not None:
+        raise error
+    return value
 
 
 class LeaderTrainer:
@@ -30,8 +71,16 @@ class LeaderTrainer:
         self.trainer = trainer
 
     def _call(self, name: str, *args):
-        _broadcast((name, args))
-        return getattr(self.trainer, name)(*args)
+        try:
+            broadcast((name, args))
+        except RuntimeError as exc:  # gloo/NCCL: a follower's connection closed, or the timeout
+            raise _failed(exc, f"lost a follower rank while sending it {name}") from None
+        if name in _OWN_ERRORS:
+            return getattr(self.trainer, name)(*args)
+        try:
+            return getattr(self.trainer, name)(*args)
+        except RuntimeError as exc:  # e.g. a collective whose peer died: one line, as the followers'
+            raise _failed(exc, f"failed in {name}") from exc
 
     def forward_backward(self, batch):
         return self._call("forward_backward", batch)
@@ -47,22 +96,32 @@ class LeaderTrainer:
         return self._call("named_weights")
 
     def save(self, path):
-        return self._call("save", path)
+        return self._call("save", os.path.abspath(path))
 
     def load(self, path):
-        return self._call("load", path)
+        return self._call("load", os.path.abspath(path))
 
     def stop(self) -> None:
-        _broadcast((_STOP, ()))
+        """Release the followers (on the way out, after an error too: one already gone needs nothing)."""
+        try:
+            broadcast((_STOP, ()))
+        except RuntimeError:
+            pass
 
 
 def follow(trainer) -> None:
     """A follower rank: execute rank 0's trainer calls until it stops."""
     while True:
-        name, args = _broadcast(None)
+        try:
+            name, args = broadcast(None)
+        except RuntimeError as exc:  # gloo/NCCL: rank 0's connection closed (it ended or died), or the timeout
+            raise _failed(exc, "lost rank 0, which drives the run, while waiting for its next call") from None
         if name == _STOP:
             return
-        result = getattr(trainer, name)(*args)
-        if name in _DRAINED:
-            for _ in result:
-                pass
+        try:
+            result = getattr(trainer, name)(*args)
+            if name in _DRAINED:
+                for _ in result:
+                    pass
+        except RuntimeError as exc:  # e.g. a collective whose peer died: one line, as rank 0's
+            raise _failed(exc, f"failed in {name}") from exc
