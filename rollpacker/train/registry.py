@@ -65,12 +65,16 @@ def _register(registry: dict, kind: str, name: str, config: type) -> None:
     registry[name] = config
 
 
+def values_of(config: type, source) -> dict:
+    """The keyword arguments of component `config`, read from `source` (the run, or its section)."""
+    return {f.name: getattr(source, f.name) for f in attrs.fields(config) if f.init}
+
+
 def options_of(registry: dict, name: str, run) -> Any:
     """The config of entry `name` with its values from the run's flags (its section, or the
     top-level flags of a flat built-in); a bad value is the validator's ConfigError."""
     config = registry[name]
-    source = run if getattr(config, "flat", False) else getattr(run, name)
-    options = config(**{f.name: getattr(source, f.name) for f in attrs.fields(config) if f.init})
+    options = config(**values_of(config, run if getattr(config, "flat", False) else getattr(run, name)))
     check = getattr(options, "check", None)
     if check is not None:
         check(run)

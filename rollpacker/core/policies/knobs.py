@@ -57,9 +57,15 @@ def knobs_of(cls: type) -> tuple[Knob, ...]:
                  for f in attrs.fields(cls) if f.name not in RUN_SHAPE)
 
 
-@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> the docstring under it, over `cls` and its bases (a subclass's wins)."""
+    """Field name -> the docstring under it, over `cls` and its bases (a subclass's wins), cleaned."""
+    return {name: inspect.cleandoc(doc) for name, doc in source_docstrings(cls).items()}
+
+
+@functools.cache
+def source_docstrings(cls: type) -> dict[str, str]:
+    """Field name -> the docstring under it as written (indented continuation lines), over `cls` and
+    its bases: the text tyro reads from a class's source, so help built from it renders alike."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__[:-1]):
         try:
@@ -71,5 +77,5 @@ def field_docs(cls: type) -> dict[str, str]:
             if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
                     and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
                     and isinstance(after.value.value, str)):
-                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+                docs[stmt.target.id] = after.value.value
     return docs
