@@ -25,8 +25,8 @@ from typing_extensions import Doc  # PEP 727 help text (tyro's own dependency)
 
 from rollpacker.core import BatcherConfig
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.policies import POLICIES, knob_specs, knobs_of, make_policy
-from rollpacker.core.policies.knobs import source_docstrings
+from rollpacker.core.policies import POLICIES, KnobSection, make_policy, policy_sections
+from rollpacker.core.policies.knobs import knob_section, source_docstrings
 from rollpacker.core.reward_scheduler import RewardConfig
 from rollpacker.plugins import load_plugins
 from rollpacker.train.registry import ROLLOUTS, TRAINERS, options_of, values_of
@@ -37,26 +37,21 @@ from rollpacker.train.trainers import TitanTrainerOptions
 load_plugins()  # before the registries are read: a plugin's names are choices and its options flags
 
 
-def flag_section(name: str, title: str, knobs) -> type:
+def flag_section(section: KnobSection) -> type:
     """A dataclass of one section's flags (`--tail.eta-prompts`), built from a registered class's
     fields: the names, types, defaults and help are the class's, so a field added there is a flag
     here.  The help goes in the class docstring's Args section, where tyro reads it for a class with
     no source; its first line is the section's description."""
-    doc = f"{title}\n\nArgs:\n" + "".join(f"    {k.name}: {' '.join(k.help.split())}\n" for k in knobs)
-    fields = [(k.name, k.type, field(default=k.default)) for k in knobs]
-    cls = dataclasses.make_dataclass(f"{name.title()}Knobs", fields, kw_only=True, namespace={"__doc__": doc})
+    doc = f"{section.title}\n\nArgs:\n" + "".join(f"    {k.name}: {k.paragraph}\n" for k in section.knobs)
+    fields = [(k.name, k.type, field(default=k.default)) for k in section.knobs]
+    cls = dataclasses.make_dataclass(f"{section.name.title()}Knobs", fields, kw_only=True,
+                                     namespace={"__doc__": doc})
     cls.__module__ = __name__
     return cls
 
 
-def _title(kind: str, name: str, cls: type) -> str:
-    """"Knobs of --policy tail (RollPacker's tail batching).", from the class docstring's first line."""
-    about = (cls.__doc__ or "").strip().split("\n")[0].rstrip(".")
-    return f"Knobs of --{kind} {name}" + (f" ({about})." if about else ".")
-
-
-SECTIONS = {name: flag_section(name, _title("policy", name, cls), knob_specs(name)) for name, cls in POLICIES.items()}
-SECTIONS |= {name: flag_section(name, _title(kind, name, cls), knobs_of(cls))
+SECTIONS = {section.name: flag_section(section) for section in policy_sections()}
+SECTIONS |= {name: flag_section(knob_section(kind, name, cls))
              for kind, registry in (("rollout", ROLLOUTS), ("trainer", TRAINERS))
              for name, cls in registry.items() if not getattr(cls, "flat", False)}
 """Section name -> its flags' dataclass: every policy's knobs, and the options of every registered

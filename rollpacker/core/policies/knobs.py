@@ -48,6 +48,34 @@ class Knob:
         """The allowed values of a Literal knob, else None."""
         return typing.get_args(self.type) if typing.get_origin(self.type) is typing.Literal else None
 
+    @property
+    def flag(self) -> str:
+        """The knob's name on a command line: eta_prompts -> eta-prompts."""
+        return self.name.replace("_", "-")
+
+    @property
+    def paragraph(self) -> str:
+        """The help text as one paragraph, as both CLIs show it."""
+        return " ".join(self.help.split())
+
+
+@frozen
+class KnobSection:
+    """The flags of one registered class, `--NAME.KNOB` each, under a title: what both CLIs list for a
+    policy (and the trainer for a registered engine or trainer), so its knobs and help read alike."""
+
+    name: str
+    """The section, the name the class is registered under."""
+    title: str
+    """"Knobs of --policy tail (RollPacker's tail batching).", from the class docstring's first line."""
+    knobs: tuple[Knob, ...]
+
+
+def knob_section(kind: str, name: str, cls: type) -> KnobSection:
+    """The section of `cls`, registered as `--KIND NAME` (kind: policy, rollout or trainer)."""
+    about = (cls.__doc__ or "").strip().split("\n")[0].rstrip(".")
+    return KnobSection(name, f"Knobs of --{kind} {name}" + (f" ({about})." if about else "."), knobs_of(cls))
+
 
 def knobs_of(cls: type) -> tuple[Knob, ...]:
     """The knobs of policy class `cls`, in field order."""
