@@ -3,10 +3,13 @@
 Every field's docstring is its `--help` text (tyro).  `parse(argv)` takes `--preset NAME` first,
 then every other flag overrides that preset.
 
-The choices of --policy, --rollout and --trainer are the registries' names (rollpacker.core.policies,
-rollpacker.train.registry; plugin modules in $ROLLPACKER_PLUGINS are imported first): each
-registered policy gets a section of knob flags `--NAME.KNOB`, as does each registered engine or
-trainer that is not a built-in (theirs are the top-level flags below).  `rollout_options()`,
+RunConfig is assembled from three parts, each option declared once: the run's own flags (the class
+below), the options of the built-in components (`flat = True`: EmbeddedRollout, SGLangRollout,
+TitanTrainerOptions, RewardsConfig declare them, with their validators and help) as top-level flags,
+and one section of flags `--NAME.KNOB` per registered policy (the same `policy_sections()` that
+`rollpacker simulate` lists) and per registered engine or trainer that is not a built-in.  The
+choices of --policy, --rollout and --trainer are the registries' names (rollpacker.core.policies,
+rollpacker.train.registry; plugin modules in $ROLLPACKER_PLUGINS are imported first).  `rollout_options()`,
 `trainer_options()`, `rewards_options()`, `batcher_config()` and `build_policy()` turn the flags into
 one config per component, each checked by flag (a bad value is one ConfigError naming it).
 """

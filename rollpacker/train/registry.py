@@ -8,8 +8,9 @@ plugin module: see rollpacker.plugins).
 
 Where the options come from: a registered class's fields become the flags `--NAME.FIELD` (a section
 of RunConfig named after the entry, as the policies' knobs are).  The built-in classes set
-`flat = True`: their fields keep the top-level flags they have always had (--engine-capacity,
---sglang-urls, --tp), which RunConfig declares with their help text.
+`flat = True`: their fields are top-level flags (--engine-capacity, --sglang-urls, --tp), declared
+in the class only (type, default, validator, docstring as help); rollpacker.train.config.assemble
+adds them to RunConfig.
 """
 
 from __future__ import annotations
