@@ -291,11 +291,11 @@ def option_fields(component: type) -> list[tuple]:
     """`component`'s attrs fields as dataclass fields of RunConfig: its name, type and default, and its
     docstring as the flag's help (PEP 727 Doc, which tyro renders as it does a field docstring)."""
     hints, docs = typing.get_type_hints(component), source_docstrings(component)
-    for f in attrs.fields(component):
+    options = [f for f in attrs.fields(component) if f.init]
+    for f in options:
         if f.default is attrs.NOTHING or isinstance(f.default, attrs.Factory):
             raise ConfigError(f"{component.__name__}.{f.name} needs a plain default: it is a top-level flag")
-    return [(f.name, Annotated[hints[f.name], Doc(docs.get(f.name, ""))], field(default=f.default))
-            for f in attrs.fields(component) if f.init]
+    return [(f.name, Annotated[hints[f.name], Doc(docs.get(f.name, ""))], field(default=f.default)) for f in options]
 
 
 def assemble(base: type) -> type:
