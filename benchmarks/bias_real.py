@@ -39,7 +39,7 @@ from pathlib import Path
 
 import attrs
 
-from rollpacker.train.config import RunConfig, TailKnobs, parse
+from rollpacker.train.config import SECTIONS, RunConfig, parse
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.session import Session
 
@@ -104,7 +104,7 @@ def policy_config(base: RunConfig, name: str, out: Path) -> RunConfig:
     """The run config of one column: its policy (response-only is tail with other knobs), lr 0."""
     config = dataclasses.replace(base, policy="tail" if name == "response-only" else name, lr=0.0, out=out)
     if name == "response-only":
-        config.tail = TailKnobs(eta_prompts=1.0, eta_responses=1.5)
+        config.tail = SECTIONS["tail"](eta_prompts=1.0, eta_responses=1.5)
     return config
 
 
