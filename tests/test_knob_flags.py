@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rollpacker.core import POLICIES, knob_specs
+from rollpacker.core import POLICIES, ConfigError, knob_specs
 from rollpacker.sim.cli import add_arguments, config_from
 from rollpacker.train.config import RunConfig, parse
 
@@ -56,6 +56,8 @@ def test_every_core_knob_is_settable_from_both_clis(policy, knob):
     value = other_value(knob)
     raw = ("on" if value else "off") if isinstance(value, bool) else str(value)
     simulated = config_from(simulate_args("--policy", policy, "--" + knob.name.replace("_", "-"), raw))
+    assert getattr(simulated.build_policy(), knob.name) == value
+    simulated = config_from(simulate_args("--policy", policy, f"--{policy}.{knob.flag}", raw))  # the trainer's spelling
     assert getattr(simulated.build_policy(), knob.name) == value
     trained = parse(["--policy", policy, "--prompts", "4", "--samples", "2", *train_flag(policy, knob.name, value)])
     assert getattr(trained.build_policy(), knob.name) == value
@@ -132,3 +134,23 @@ def test_a_saved_config_from_before_a_knob_existed_still_resumes(tmp_path):
     assert (tail.eta_prompts, tail.eta_responses, tail.defer_at) == (1.5, 1.0, None)
     sorted_rl = config.build_policy("sorted")
     assert (sorted_rl.group_batches, sorted_rl.mode, sorted_rl.prefetch) == (2, "partial", True)
+
+
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (["--policy", "tail", "--sorted.staleness", "2"], "--sorted.staleness is a knob of policy 'sorted', not of --policy tail"),
+        (["--policy", "tail", "--eta-prompts", "1.5", "--tail.eta-prompts", "2"],
+         "--tail.eta-prompts 2.0 and --eta-prompts 1.5 set one knob: pass one"),
+    ],
+)
+def test_a_simulator_knob_flag_that_would_be_ignored_is_one_error(argv, line):
+    """--NAME.KNOB of a policy that does not run, or a knob set twice with two values, is refused, not dropped."""
+    with pytest.raises(ConfigError) as info:
+        config_from(simulate_args(*argv))
+    assert str(info.value) == line
+
+
+def test_a_knob_given_both_ways_with_one_value_is_that_value():
+    config = config_from(simulate_args("--policy", "tail", "--eta-prompts", "1.5", "--tail.eta-prompts", "1.5"))
+    assert config.knobs == {"eta_prompts": 1.5}

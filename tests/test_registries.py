@@ -4,17 +4,25 @@ flags, and a run really uses them; bad component options are one line naming the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import typing
 from pathlib import Path
 
+import attrs
 import pytest
 
 from rollpacker.core.errors import ConfigError
-from rollpacker.train.config import parse
+from rollpacker.core.policies.knobs import source_docstrings
+from rollpacker.train import config as run_config
+from rollpacker.train.config import RunConfig, parse
+from rollpacker.train.registry import ROLLOUTS, TRAINERS
+from rollpacker.train.rewards import RewardsConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "reference" / "train.py"
@@ -245,3 +253,60 @@ def test_the_component_configs_take_the_flags():
     assert (rewards.reward, rewards.reward_workers, rewards.reward_deadline_s) == ("reasoning-gym", 3, 1.5)
     assert rewards.scheduler_config().t_max == 1.5 and rewards.scheduler_config().t_min == 1.5
     assert parse(["--micro-batch-tokens", "77", "--advantage", "rloo"]).batcher_config().token_budget == 77
+
+
+def normalized(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_each_built_in_option_is_declared_once_in_its_component(capsys):
+    """The built-in engines', trainers' and rewards' options are top-level flags (--engine-capacity),
+    declared by their component class only: RunConfig's field has the class's default and help, and
+    the run's own flags (the class written in config.py) do not name it again."""
+    assert set(run_config.FLAT) == {*ROLLOUTS.values(), *TRAINERS.values(), RewardsConfig}
+    run_fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    hand_written = RunConfig.__mro__[1].__annotations__
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    shown = normalized(capsys.readouterr().out)
+    options = [(component, f) for component in run_config.FLAT for f in attrs.fields(component)]
+    assert len(options) >= 12
+    for component, option in options:
+        doc = source_docstrings(component)[option.name]
+        assert option.name not in hand_written, option.name
+        field = run_fields[option.name]
+        assert field.default == option.default
+        assert [m.documentation for m in typing.get_args(field.type)[1:]] == [doc]
+        assert normalized(doc) in shown, option.name
+
+
+def test_an_option_declared_by_the_run_and_a_component_is_refused():
+    class Run:
+        steps: int = 1
+        engine_capacity: int = 8
+        """Declared again."""
+
+    with pytest.raises(ConfigError, match="^--engine-capacity is declared twice"):
+        run_config.assemble(Run)
+
+
+def test_both_clis_list_every_registered_policy_s_knobs_with_the_same_help(plugin_env):
+    """For each policy, the plugin's too: the same --NAME.KNOB flags under the same title in
+    reference/train.py --help and rollpacker simulate --help, each with the same help and default."""
+    helps = {"train": run([TRAIN, "--help"], {**plugin_env, "COLUMNS": "100"}, timeout=120),  # wider: columns
+             "simulate": run(simulate_cmd("--help"), {**plugin_env, "COLUMNS": "4000"}, timeout=120)}  # no wrapping
+    assert all(proc.returncode == 0 for proc in helps.values()), [p.stderr for p in helps.values()]
+    texts = {cli: normalized(proc.stdout) for cli, proc in helps.items()}
+    check = ("import my_plugin, json; from rollpacker.core.policies import policy_sections\n"
+             "print(json.dumps([[s.name, s.title, [[k.flag, k.paragraph, str(k.default)] for k in s.knobs]] "
+             "for s in policy_sections()]))")
+    sections = json.loads(run(["-c", check], plugin_env, timeout=120).stdout)
+    assert [s[0] for s in sections] == ["sync", "tail", "sorted", "partial", "foo"]
+    for name, title, knobs in sections:
+        for cli, text in texts.items():
+            assert title in text, (cli, title)
+            listed = set(re.findall(rf"--{name}\.(?!no-)([a-z][a-z-]*)", text))
+            assert listed == {flag for flag, _, _ in knobs}, (cli, name)
+            for flag, paragraph, default in knobs:
+                entry = rf"--{name}\.{flag}(?:,? \S+)? " + re.escape(f"{paragraph} (default: {default})")
+                assert re.search(entry, text), (cli, name, flag)

@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 
 from rollpacker.core import POLICIES, ConfigError, Knob, knob_specs
+from rollpacker.core.policies import policy_sections
 from rollpacker.plugins import load_plugins
 
 from .config import TP_MODES, SimConfig
@@ -27,33 +28,55 @@ def on_off(raw: str) -> bool:
 
 def knob_flags() -> dict[str, list[tuple[str, Knob]]]:
     """Every policy knob by name, with the policies that have it, read from the core's policy classes.
-    The simulator's knob flags are shared between policies: --staleness sets sorted's and partial's."""
+    The simulator's short knob flags are shared between policies: --staleness sets sorted's and partial's."""
     by_name: dict[str, list[tuple[str, Knob]]] = {}
-    for policy in POLICIES:
-        for knob in knob_specs(policy):
-            by_name.setdefault(knob.name, []).append((policy, knob))
+    for section in policy_sections():
+        for knob in section.knobs:
+            by_name.setdefault(knob.name, []).append((section.name, knob))
     return by_name
 
 
 def add_knob_arguments(p: argparse.ArgumentParser) -> None:
-    """One --flag per core policy knob (a bool takes on/off, alone it means on)."""
-    group = p.add_argument_group("policy knobs", "from rollpacker.core.policies; each says which policies have it")
+    """Each policy's section of knob flags, `--tail.eta-prompts`, titled and helped as the trainer's
+    (rollpacker.core.policies.policy_sections); then the short spelling of each knob, `--eta-prompts`,
+    which sets the knob of --policy (a bool takes on/off, alone it means on)."""
+    for section in policy_sections():
+        group = p.add_argument_group(f"{section.name} options", section.title)
+        for knob in section.knobs:
+            help = f"{knob.paragraph} (default: {knob.default})".replace("%", "%%")
+            group.add_argument(f"--{section.name}.{knob.flag}", dest=f"{section.name}.{knob.name}", default=None,
+                               help=help, **_value_kind(knob))
+    group = p.add_argument_group("policy knobs, short", "--KNOB sets the knob of --policy")
     for name, owners in knob_flags().items():
         knob = owners[0][1]
         if any(k.type != knob.type for _, k in owners):
             raise ConfigError(f"policy knob {name!r} has different types in {', '.join(p for p, _ in owners)}")
-        kind = dict(type=on_off, nargs="?", const=True, metavar="on|off") if knob.value_type is bool else \
-            dict(type=knob.value_type, choices=knob.choices)
-        group.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=_knob_help(owners), **kind)
+        group.add_argument(f"--{knob.flag}", dest=name, default=None, **_value_kind(knob),
+                           help="= " + ", ".join(f"--{policy}.{knob.flag}" for policy, _ in owners))
 
 
-def _knob_help(owners: list[tuple[str, Knob]]) -> str:
-    """"tail, sorted: its docstring (default D)", one part per distinct docstring and default."""
-    parts: dict[tuple[str, str], list[str]] = {}
-    for policy, knob in owners:
-        parts.setdefault((knob.help, str(knob.default)), []).append(policy)
-    text = "; ".join(f"{', '.join(names)}: {doc} (default {default})" for (doc, default), names in parts.items())
-    return text.replace("%", "%%")
+def _value_kind(knob: Knob) -> dict:
+    """argparse's type, nargs and choices of a knob's flag."""
+    if knob.value_type is bool:
+        return dict(type=on_off, nargs="?", const=True, metavar="on|off")
+    return dict(type=knob.value_type, choices=knob.choices, metavar=None if knob.choices else
+                knob.value_type.__name__.upper())
+
+
+def chosen_knobs(args: argparse.Namespace) -> dict:
+    """The knobs of --policy from its section's flags and the short ones; a section flag of another
+    policy, or one knob given both ways with two values, is a ConfigError naming the flags."""
+    knobs = {name: getattr(args, name) for name in knob_flags() if getattr(args, name) is not None}
+    for section in policy_sections():
+        for knob in section.knobs:
+            value, flag = getattr(args, f"{section.name}.{knob.name}"), f"--{section.name}.{knob.flag}"
+            if value is None:
+                continue
+            if section.name != args.policy:
+                raise ConfigError(f"{flag} is a knob of policy {section.name!r}, not of --policy {args.policy}")
+            if knobs.setdefault(knob.name, value) != value:
+                raise ConfigError(f"{flag} {value} and --{knob.flag} {knobs[knob.name]} set one knob: pass one")
+    return knobs
 
 
 def add_parser(sub, name: str) -> argparse.ArgumentParser:
@@ -119,7 +142,7 @@ def constants_from(overrides: list[str]) -> SimConstants:
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:
-    knobs = {name: getattr(args, name) for name in knob_flags() if getattr(args, name) is not None}
+    knobs = chosen_knobs(args)
     valid = [k.name for k in knob_specs(args.policy)]
     for knob in knobs:
         if knob not in valid:

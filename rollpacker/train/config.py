@@ -3,10 +3,13 @@
 Every field's docstring is its `--help` text (tyro).  `parse(argv)` takes `--preset NAME` first,
 then every other flag overrides that preset.
 
-The choices of --policy, --rollout and --trainer are the registries' names (rollpacker.core.policies,
-rollpacker.train.registry; plugin modules in $ROLLPACKER_PLUGINS are imported first): each
-registered policy gets a section of knob flags `--NAME.KNOB`, as does each registered engine or
-trainer that is not a built-in (theirs are the top-level flags below).  `rollout_options()`,
+RunConfig is assembled from three parts, each option declared once: the run's own flags (the class
+below), the options of the built-in components (`flat = True`: EmbeddedRollout, SGLangRollout,
+TitanTrainerOptions, RewardsConfig declare them, with their validators and help) as top-level flags,
+and one section of flags `--NAME.KNOB` per registered policy (the same `policy_sections()` that
+`rollpacker simulate` lists) and per registered engine or trainer that is not a built-in.  The
+choices of --policy, --rollout and --trainer are the registries' names (rollpacker.core.policies,
+rollpacker.train.registry; plugin modules in $ROLLPACKER_PLUGINS are imported first).  `rollout_options()`,
 `trainer_options()`, `rewards_options()`, `batcher_config()` and `build_policy()` turn the flags into
 one config per component, each checked by flag (a bad value is one ConfigError naming it).
 """
@@ -15,41 +18,43 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+import typing
+from dataclasses import field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+import attrs
+from typing_extensions import Doc  # PEP 727 help text (tyro's own dependency)
 
 from rollpacker.core import BatcherConfig
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.policies import POLICIES, knob_specs, knobs_of, make_policy
+from rollpacker.core.policies import POLICIES, KnobSection, make_policy, policy_sections
+from rollpacker.core.policies.knobs import knob_section, source_docstrings
 from rollpacker.core.reward_scheduler import RewardConfig
 from rollpacker.plugins import load_plugins
-from rollpacker.train.registry import ROLLOUTS, TRAINERS, options_of
+from rollpacker.train.registry import ROLLOUTS, TRAINERS, options_of, values_of
 from rollpacker.train.rewards import RewardsConfig
+from rollpacker.train.rollouts import EmbeddedRollout, SGLangRollout
+from rollpacker.train.trainers import TitanTrainerOptions
 
 load_plugins()  # before the registries are read: a plugin's names are choices and its options flags
 
 
-def flag_section(name: str, title: str, knobs) -> type:
+def flag_section(section: KnobSection) -> type:
     """A dataclass of one section's flags (`--tail.eta-prompts`), built from a registered class's
     fields: the names, types, defaults and help are the class's, so a field added there is a flag
     here.  The help goes in the class docstring's Args section, where tyro reads it for a class with
     no source; its first line is the section's description."""
-    doc = f"{title}\n\nArgs:\n" + "".join(f"    {k.name}: {' '.join(k.help.split())}\n" for k in knobs)
-    fields = [(k.name, k.type, field(default=k.default)) for k in knobs]
-    cls = dataclasses.make_dataclass(f"{name.title()}Knobs", fields, kw_only=True, namespace={"__doc__": doc})
+    doc = f"{section.title}\n\nArgs:\n" + "".join(f"    {k.name}: {k.paragraph}\n" for k in section.knobs)
+    fields = [(k.name, k.type, field(default=k.default)) for k in section.knobs]
+    cls = dataclasses.make_dataclass(f"{section.name.title()}Knobs", fields, kw_only=True,
+                                     namespace={"__doc__": doc})
     cls.__module__ = __name__
     return cls
 
 
-def _title(kind: str, name: str, cls: type) -> str:
-    """"Knobs of --policy tail (RollPacker's tail batching).", from the class docstring's first line."""
-    about = (cls.__doc__ or "").strip().split("\n")[0].rstrip(".")
-    return f"Knobs of --{kind} {name}" + (f" ({about})." if about else ".")
-
-
-SECTIONS = {name: flag_section(name, _title("policy", name, cls), knob_specs(name)) for name, cls in POLICIES.items()}
-SECTIONS |= {name: flag_section(name, _title(kind, name, cls), knobs_of(cls))
+SECTIONS = {section.name: flag_section(section) for section in policy_sections()}
+SECTIONS |= {name: flag_section(knob_section(kind, name, cls))
              for kind, registry in (("rollout", ROLLOUTS), ("trainer", TRAINERS))
              for name, cls in registry.items() if not getattr(cls, "flat", False)}
 """Section name -> its flags' dataclass: every policy's knobs, and the options of every registered
@@ -59,8 +64,9 @@ RolloutName = Literal[tuple(ROLLOUTS)]
 TrainerName = Literal[tuple(TRAINERS)]
 
 
-@dataclass(kw_only=True)
 class RunConfig:
+    # The run's own flags; `assemble` below makes it a dataclass with the built-in components' options
+    # (their classes declare them) and the registered sections added.
     # -- the run ---------------------------------------------------------------------------------
     steps: int = 10
     """Training steps (one round of rollout and one optimizer step each)."""
@@ -97,58 +103,25 @@ class RunConfig:
     skip_long_rows: bool = False
     """Skip (and count, at the start of the run) --dataset rows whose prompt plus --max-tokens exceeds
     the model's context, instead of stopping on the first."""
-    reward: str | None = None
-    """math (math-verify against the ground truth), reasoning-gym (the task's scorer), or your function
-    as module:function or path/file.py:function with veRL's signature compute_score(data_source,
-    solution_str, ground_truth, extra_info) -> float | dict (default: reasoning-gym for --tasks, math for
-    --dataset)."""
     # -- policy (its knobs: one section per registered policy, added below) ---------------------
     policy: PolicyName = "tail"
     """Round planner policy."""
     # -- rollout ---------------------------------------------------------------------------------
     rollout: RolloutName = "embedded"
     """Rollout backend: the embedded engine in this process, or SGLang servers (--sglang-urls)."""
-    sglang_urls: tuple[str, ...] = ()
-    """URLs of running SGLang (or `rollpacker serve`) servers, for --rollout sglang."""
-    weight_sync: str | None = None
-    """--rollout sglang: how each step's weights reach the servers.  nccl: broadcast from trainer rank 0
-    in buckets over SGLang's /update_weights_from_distributed (gloo when the trainer is on CPU, which
-    only rollpacker serve accepts); disk:DIR: safetensors written under DIR, a directory every server
-    can read (a shared filesystem across nodes), then /update_weights_from_disk.  Default: disk through
-    a temporary folder on this machine, refused when a server is on another host."""
-    weight_sync_bucket_mb: int = 512
-    """--weight-sync nccl: most megabytes per bucket (one /update_weights_from_distributed call; the
-    trainer holds one bucket on its device beyond its shard, each server one beyond its weights)."""
+    # (--rollout sglang's options, SGLangRollout's fields, go here: see FLAT_AFTER)
     colocate: bool = False
     """Rollout and training take turns on the same GPUs (veRL's default): micro-batches train after the
     round ends, with the engine's weights and KV cache released meanwhile (SGLang's
     /release_memory_occupation: start its servers with --enable-memory-saver), then resumed with the
     weight sync.  The memory plan's peak is then the trainer state plus the larger of the engine's items
     and the training's.  Default: micro-batches train while the round still generates."""
-    engine_capacity: int = 32
-    """Embedded engine: most sequences decoded at once."""
-    spec_max_rows: int | None = None
-    """Embedded engine: speculative decoding (drafts from the request's own text and its sibling
-    samples', verified losslessly) when at most this many rows run; 0 turns it off; default: 4 on
-    CUDA, off on CPU (measured no faster there)."""
-    spec_tokens: int = 4
-    """Embedded engine: draft tokens per row and verify step."""
-    cuda_graphs: bool = True
-    """Embedded engine on CUDA: replay decode steps as CUDA graphs, every one captured when the engine
-    starts (before the first step; the step records' graph_capture_s); --no-cuda-graphs decodes
-    eagerly.  No effect on CPU."""
+    # (--rollout embedded's options, EmbeddedRollout's fields)
     temperature: float = 1.0
     """Sampling temperature."""
     top_p: float = 1.0
     """Nucleus sampling threshold."""
-    # -- rewards ---------------------------------------------------------------------------------
-    reward_workers: int = 2
-    """Scoring worker processes."""
-    reward_deadline_s: float = 10.0
-    """Upper bound of the per-sample scoring deadline, which is RollPacker's adaptive timeout
-    min(max(2 s, 1.5 x the slowest correct scoring so far), this); until a correct (positive-reward)
-    answer is seen, this.  A scorer past its deadline is killed and the sample gets reward 0.  At 2 s
-    or less the deadline is fixed at this."""
+    # -- rewards (--reward, --reward-workers, --reward-deadline-s: RewardsConfig's fields) ----------
     allow_failed_rewards: bool = False
     """Go on when every reward of a step failed (the scorer raised, returned no number, hung or its
     worker died: reward 0 for all); by default the run stops with one line naming the first error."""
@@ -169,10 +142,7 @@ class RunConfig:
     torch (plain PyTorch on the HF model, FSDP2 under --nproc; runs with torch >= 2.11)."""
     nproc: int = 1
     """Trainer processes (torchrun); rank 0 also runs rollout and scoring."""
-    dp_shard: int = -1
-    """FSDP2 shard degree (-1: what the world size leaves after tp)."""
-    tp: int = 1
-    """Tensor-parallel degree of the trainer."""
+    # (--trainer titan's options, TitanTrainerOptions' fields: --dp-shard, --tp)
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Trainer and engine dtype."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -201,9 +171,9 @@ class RunConfig:
         return options_of(TRAINERS, self.trainer, self)
 
     def rewards_options(self) -> RewardsConfig:
-        """The scoring component's config (--reward, --reward-workers, --reward-deadline-s), checked by flag."""
-        return RewardsConfig(reward=self.reward_name(), reward_workers=self.reward_workers,
-                             reward_deadline_s=self.reward_deadline_s)
+        """The scoring component's config (--reward, --reward-workers, --reward-deadline-s), checked by
+        flag, with --reward resolved for the data source."""
+        return RewardsConfig(**values_of(RewardsConfig, self) | {"reward": self.reward_name()})
 
     def batcher_config(self) -> BatcherConfig:
         """The core's stream batcher: micro-batches of --micro-batch-tokens, the advantage and loss flags."""
@@ -308,19 +278,53 @@ class RunConfig:
         return names
 
 
-def with_sections(base: type) -> type:
-    """`base` plus one field per section of SECTIONS (`--tail.eta-prompts`, `--NAME.KNOB`), named after it."""
-    taken = {f.name for f in dataclasses.fields(base)} & set(SECTIONS)
+FLAT = tuple(cls for registry in (ROLLOUTS, TRAINERS) for cls in registry.values() if getattr(cls, "flat", False))
+FLAT += (RewardsConfig,)
+"""The built-in components whose options are top-level flags: each field of theirs (name, type, default,
+validator, help) is declared there only, and is a field of RunConfig."""
+FLAT_AFTER = {SGLangRollout: "rollout", EmbeddedRollout: "colocate", RewardsConfig: "top_p",
+              TitanTrainerOptions: "nproc"}
+"""Where --help lists a flat component's flags: after this flag of the run (elsewhere: at the end)."""
+
+
+def option_fields(component: type) -> list[tuple]:
+    """`component`'s attrs fields as dataclass fields of RunConfig: its name, type and default, and its
+    docstring as the flag's help (PEP 727 Doc, which tyro renders as it does a field docstring)."""
+    hints, docs = typing.get_type_hints(component), source_docstrings(component)
+    options = [f for f in attrs.fields(component) if f.init]
+    for f in options:
+        if f.default is attrs.NOTHING or isinstance(f.default, attrs.Factory):
+            raise ConfigError(f"{component.__name__}.{f.name} needs a plain default: it is a top-level flag")
+    return [(f.name, Annotated[hints[f.name], Doc(docs.get(f.name, ""))], field(default=f.default)) for f in options]
+
+
+def assemble(base: type) -> type:
+    """RunConfig as a dataclass: `base`'s flags in their order, each flat component's options after the
+    flag FLAT_AFTER names, then one field per section of SECTIONS (`--tail.eta-prompts`, `--NAME.KNOB`).
+    An option declared twice (by the run and a component, or two components) is a ConfigError."""
+    hints = typing.get_type_hints(base)
+    own = [(name, hints[name], field(default=base.__dict__.get(name, dataclasses.MISSING)))
+           for name in base.__annotations__]
+    placed = {name: [] for name, _, _ in own}
+    for component in FLAT:
+        placed.get(FLAT_AFTER.get(component), placed[own[-1][0]]).extend(option_fields(component))
+    fields = [f for name, *rest in own for f in [(name, *rest), *placed[name]]]
+    names = [f[0] for f in fields]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--{twice[0].replace('_', '-')} is declared twice, by the run and a built-in component "
+                          f"or by two of them: declare it once, in the component that uses it")
+    taken = sorted(set(names) & set(SECTIONS))
     if taken:
-        raise ConfigError(f"a registered policy, rollout or trainer is named {sorted(taken)[0]!r}, which is already "
-                          f"a flag of the trainer (--{sorted(taken)[0].replace('_', '-')}): register it under another name")
-    fields = [(name, section, field(default_factory=section)) for name, section in SECTIONS.items()]
+        raise ConfigError(f"a registered policy, rollout or trainer is named {taken[0]!r}, which is already "
+                          f"a flag of the trainer (--{taken[0].replace('_', '-')}): register it under another name")
+    fields += [(name, section, field(default_factory=section)) for name, section in SECTIONS.items()]
     cls = dataclasses.make_dataclass(base.__name__, fields, bases=(base,), kw_only=True)
     cls.__module__, cls.__qualname__, cls.__doc__ = base.__module__, base.__qualname__, base.__doc__
     return cls
 
 
-RunConfig = with_sections(RunConfig)
+RunConfig = assemble(RunConfig)
 
 
 # -- presets ---------------------------------------------------------------------------------------

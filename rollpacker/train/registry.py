@@ -8,8 +8,9 @@ plugin module: see rollpacker.plugins).
 
 Where the options come from: a registered class's fields become the flags `--NAME.FIELD` (a section
 of RunConfig named after the entry, as the policies' knobs are).  The built-in classes set
-`flat = True`: their fields keep the top-level flags they have always had (--engine-capacity,
---sglang-urls, --tp), which RunConfig declares with their help text.
+`flat = True`: their fields are top-level flags (--engine-capacity, --sglang-urls, --tp), declared
+in the class only (type, default, validator, docstring as help); rollpacker.train.config.assemble
+adds them to RunConfig.
 """
 
 from __future__ import annotations
@@ -65,12 +66,16 @@ def _register(registry: dict, kind: str, name: str, config: type) -> None:
     registry[name] = config
 
 
+def values_of(config: type, source) -> dict:
+    """The keyword arguments of component `config`, read from `source` (the run, or its section)."""
+    return {f.name: getattr(source, f.name) for f in attrs.fields(config) if f.init}
+
+
 def options_of(registry: dict, name: str, run) -> Any:
     """The config of entry `name` with its values from the run's flags (its section, or the
     top-level flags of a flat built-in); a bad value is the validator's ConfigError."""
     config = registry[name]
-    source = run if getattr(config, "flat", False) else getattr(run, name)
-    options = config(**{f.name: getattr(source, f.name) for f in attrs.fields(config) if f.init})
+    options = config(**values_of(config, run if getattr(config, "flat", False) else getattr(run, name)))
     check = getattr(options, "check", None)
     if check is not None:
         check(run)

@@ -14,10 +14,23 @@ from .flag_checks import at_least, positive_finite
 
 @frozen(kw_only=True)
 class RewardsConfig:
-    reward: str
-    """The reward function's name (math, reasoning-gym, module:function, path.py:function)."""
+    """The scoring component: its options are the top-level flags --reward, --reward-workers and
+    --reward-deadline-s.  RunConfig.rewards_options() passes `reward` resolved for the data source,
+    so check() and build() always see a function's name."""
+
+    flat = True
+    reward: str | None = None
+    """math (math-verify against the ground truth), reasoning-gym (the task's scorer), or your function
+    as module:function or path/file.py:function with veRL's signature compute_score(data_source,
+    solution_str, ground_truth, extra_info) -> float | dict (default: reasoning-gym for --tasks, math for
+    --dataset)."""
     reward_workers: int = field(default=2, validator=at_least(1))
+    """Scoring worker processes."""
     reward_deadline_s: float = field(default=10.0, validator=positive_finite)
+    """Upper bound of the per-sample scoring deadline, which is RollPacker's adaptive timeout
+    min(max(2 s, 1.5 x the slowest correct scoring so far), this); until a correct (positive-reward)
+    answer is seen, this.  A scorer past its deadline is killed and the sample gets reward 0.  At 2 s
+    or less the deadline is fixed at this."""
 
     def scheduler_config(self) -> RewardConfig:
         """The core's reward scheduler: --reward-workers at once, deadlines bounded by --reward-deadline-s."""

@@ -17,9 +17,17 @@ class EmbeddedRollout:
 
     flat = True  # the options are the top-level flags --engine-capacity, --spec-max-rows, ...
     engine_capacity: int = field(default=32, validator=at_least(1))
+    """Embedded engine: most sequences decoded at once."""
     spec_max_rows: int | None = None
+    """Embedded engine: speculative decoding (drafts from the request's own text and its sibling
+    samples', verified losslessly) when at most this many rows run; 0 turns it off; default: 4 on
+    CUDA, off on CPU (measured no faster there)."""
     spec_tokens: int = 4
+    """Embedded engine: draft tokens per row and verify step."""
     cuda_graphs: bool = True
+    """Embedded engine on CUDA: replay decode steps as CUDA graphs, every one captured when the engine
+    starts (before the first step; the step records' graph_capture_s); --no-cuda-graphs decodes
+    eagerly.  No effect on CPU."""
 
     def __attrs_post_init__(self) -> None:
         if (self.spec_max_rows or 0) < 0 or self.spec_tokens < 1:
@@ -56,9 +64,17 @@ class SGLangRollout:
     """--rollout sglang: running SGLang (or `rollpacker serve`) servers, weights sent each step."""
 
     flat = True  # the options are the top-level flags --sglang-urls, --weight-sync, ...
-    sglang_urls: tuple[str, ...] = field(validator=_urls)
+    sglang_urls: tuple[str, ...] = field(default=(), validator=_urls)
+    """URLs of running SGLang (or `rollpacker serve`) servers, for --rollout sglang."""
     weight_sync: str | None = field(default=None, validator=_weight_sync)
+    """--rollout sglang: how each step's weights reach the servers.  nccl: broadcast from trainer rank 0
+    in buckets over SGLang's /update_weights_from_distributed (gloo when the trainer is on CPU, which
+    only rollpacker serve accepts); disk:DIR: safetensors written under DIR, a directory every server
+    can read (a shared filesystem across nodes), then /update_weights_from_disk.  Default: disk through
+    a temporary folder on this machine, refused when a server is on another host."""
     weight_sync_bucket_mb: int = field(default=512, validator=at_least(1))
+    """--weight-sync nccl: most megabytes per bucket (one /update_weights_from_distributed call; the
+    trainer holds one bucket on its device beyond its shard, each server one beyond its weights)."""
 
     def __attrs_post_init__(self) -> None:
         remote = [u for u in self.sglang_urls if not _is_this_machine(u)]

@@ -23,7 +23,9 @@ class TitanTrainerOptions:
 
     flat = True  # the options are the top-level flags --dp-shard and --tp
     dp_shard: int = -1
+    """FSDP2 shard degree (-1: what the world size leaves after tp)."""
     tp: int = 1
+    """Tensor-parallel degree of the trainer."""
 
     def check(self, run) -> None:
         from rollpacker.backends.titan.trainer import titan_import_error

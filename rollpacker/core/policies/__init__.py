@@ -17,14 +17,14 @@ from __future__ import annotations
 import attrs
 
 from ..errors import ConfigError
-from .knobs import RUN_SHAPE, Knob, knobs_of
+from .knobs import RUN_SHAPE, Knob, KnobSection, knob_section, knobs_of
 from .partial_rollout import PartialPolicy
 from .sorted_rl import SortedPolicy
 from .sync_rollout import SyncPolicy
 from .tail_batching import TailPolicy
 
-__all__ = ["POLICIES", "RUN_SHAPE", "Knob", "PartialPolicy", "SortedPolicy", "SyncPolicy", "TailPolicy", "knob_specs",
-           "make_policy", "policy_knobs", "register_policy"]
+__all__ = ["POLICIES", "RUN_SHAPE", "Knob", "KnobSection", "PartialPolicy", "SortedPolicy", "SyncPolicy", "TailPolicy", "knob_specs",
+           "make_policy", "policy_sections", "policy_knobs", "register_policy"]
 
 POLICIES = {"sync": SyncPolicy, "tail": TailPolicy, "sorted": SortedPolicy, "partial": PartialPolicy}
 """The policy registry: name -> attrs class (its fields past the run's shape are its knobs)."""
@@ -61,3 +61,8 @@ def policy_knobs(name: str) -> dict[str, object]:
 def knob_specs(name: str) -> tuple[Knob, ...]:
     """The knobs of policy `name` (every field but the run's shape), with types, defaults and help."""
     return knobs_of(POLICIES[name])
+
+
+def policy_sections() -> list[KnobSection]:
+    """One section of knob flags per registered policy (`--tail.eta-prompts`), as both CLIs list them."""
+    return [knob_section("policy", name, cls) for name, cls in POLICIES.items()]

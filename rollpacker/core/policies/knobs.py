@@ -48,6 +48,34 @@ class Knob:
         """The allowed values of a Literal knob, else None."""
         return typing.get_args(self.type) if typing.get_origin(self.type) is typing.Literal else None
 
+    @property
+    def flag(self) -> str:
+        """The knob's name on a command line: eta_prompts -> eta-prompts."""
+        return self.name.replace("_", "-")
+
+    @property
+    def paragraph(self) -> str:
+        """The help text as one paragraph, as both CLIs show it."""
+        return " ".join(self.help.split())
+
+
+@frozen
+class KnobSection:
+    """The flags of one registered class, `--NAME.KNOB` each, under a title: what both CLIs list for a
+    policy (and the trainer for a registered engine or trainer), so its knobs and help read alike."""
+
+    name: str
+    """The section, the name the class is registered under."""
+    title: str
+    """"Knobs of --policy tail (RollPacker's tail batching).", from the class docstring's first line."""
+    knobs: tuple[Knob, ...]
+
+
+def knob_section(kind: str, name: str, cls: type) -> KnobSection:
+    """The section of `cls`, registered as `--KIND NAME` (kind: policy, rollout or trainer)."""
+    about = (cls.__doc__ or "").strip().split("\n")[0].rstrip(".")
+    return KnobSection(name, f"Knobs of --{kind} {name}" + (f" ({about})." if about else "."), knobs_of(cls))
+
 
 def knobs_of(cls: type) -> tuple[Knob, ...]:
     """The knobs of policy class `cls`, in field order."""
@@ -57,9 +85,15 @@ def knobs_of(cls: type) -> tuple[Knob, ...]:
                  for f in attrs.fields(cls) if f.name not in RUN_SHAPE)
 
 
-@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> the docstring under it, over `cls` and its bases (a subclass's wins)."""
+    """Field name -> the docstring under it, over `cls` and its bases (a subclass's wins), cleaned."""
+    return {name: inspect.cleandoc(doc) for name, doc in source_docstrings(cls).items()}
+
+
+@functools.cache
+def source_docstrings(cls: type) -> dict[str, str]:
+    """Field name -> the docstring under it as written (indented continuation lines), over `cls` and
+    its bases: the text tyro reads from a class's source, so help built from it renders alike."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__[:-1]):
         try:
@@ -71,5 +105,5 @@ def field_docs(cls: type) -> dict[str, str]:
             if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
                     and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
                     and isinstance(after.value.value, str)):
-                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+                docs[stmt.target.id] = after.value.value
     return docs
