@@ -18,7 +18,7 @@ from rollpacker.extras import missing_package_line
 
 COMMANDS = [
     ("simulate", "rollpacker.sim.cli", "sim"),
-    ("serve", "rollpacker.backends.sglang.server", "serve"),
+    ("serve", "rollpacker.backends.sglang.serve", "serve"),
 ]
 
 

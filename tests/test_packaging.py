@@ -89,7 +89,7 @@ def third_party_imports(entries: list[Path], skip: str | None = None) -> dict[st
 
 COMMANDS = {
     "rollpacker simulate": ([ROOT / "rollpacker/sim/cli.py"], None, ("sim",)),
-    "rollpacker serve": ([ROOT / "rollpacker/backends/sglang/server.py"], None, ("serve",)),
+    "rollpacker serve": ([ROOT / "rollpacker/backends/sglang/serve.py"], None, ("serve",)),
     "reference/train.py": ([ROOT / "reference/train.py"], "rollpacker.backends.titan", ("train",)),
     "--trainer titan": (sorted((ROOT / "rollpacker/backends/titan").glob("*.py")), None, ("train", "titan")),
 }

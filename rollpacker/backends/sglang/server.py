@@ -1,6 +1,5 @@
-"""`rollpacker serve`: any `RolloutEngine` behind the subset of SGLang's native HTTP API that RL uses.
-
-    rollpacker serve --model PATH --port 30000 --host 127.0.0.1
+"""The server of `rollpacker serve` (its command line: `serve`): any `RolloutEngine` behind the subset
+of SGLang's native HTTP API that RL uses.
 
 Endpoints (shapes as SGLang's, see `codec`): GET /health, /health_generate, /get_model_info,
 /get_server_info; POST /generate (stream or not), /abort_request {rid, abort_all},
@@ -9,9 +8,10 @@ weight_version}, /init_weights_update_group and /update_weights_from_distributed
 the trainer's group with torch.distributed, gloo on CPU, and receives each bucket by broadcast; see
 `weights`), /release_memory_occupation and /resume_memory_occupation {tags} (colocated mode: the
 engine frees, then allocates again, its "weights" and "kv_cache"), /flush_cache.  With
-`--log-calls` every call is logged with its wall-clock time (`call POST /generate at=...`).  Input is token ids only (`input_ids`): this server does no
+`--log-calls` every call is logged with its wall-clock time (`call POST /generate at=...`).
+Input is token ids only (`input_ids`): this server does no
 tokenization.  With the model's tokenizer it decodes each response into `text` (the final chunk
-holds all of it) and honours `stop` strings.  Sampling params: `HONOURED_PARAMS`; SGLang's others
+holds all of it) and honours `stop` strings.  Sampling params: `generate_params.HONOURED_PARAMS`; SGLang's others
 only at the value that turns them off; anything else is a 400 naming the field, never ignored.
 
 Theory of operation: the engine's API is synchronous and thread-safe; aiohttp runs on one event
@@ -25,13 +25,10 @@ engine protocol reports counts); the final chunk carries every token id and log-
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import socket
 import threading
 import time
-import uuid
 from typing import Any
 
 try:  # optional (the `serve` extra): `rollpacker --help` must work without it
@@ -40,97 +37,15 @@ except ImportError:  # pragma: no cover
     web = None
 
 from rollpacker.backends.sglang.codec import progress_chunk, result_chunk, sse, stop_match
+from rollpacker.backends.sglang.generate_params import BadRequest, request_from_body
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
 
 log = logging.getLogger(__name__)
 PAUSE_MODES = ("abort", "retract", "in_place")
 
 
-class _BadRequest(ValueError):
-    pass
-
-
 def _error(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
-
-
-HONOURED_PARAMS = ("max_new_tokens", "temperature", "top_p", "top_k", "sampling_seed", "stop", "stop_token_ids",
-                   "ignore_eos", "skip_special_tokens", "no_stop_trim")
-OFF_VALUES = {
-    "min_new_tokens": 0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "min_p": 0.0, "n": 1, "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None,
-    "structural_tag": None, "logit_bias": None, "custom_params": None, "stream_interval": None,
-    "spaces_between_special_tokens": True,
-}
-"""SGLang's other sampling params: accepted only at the value that turns them off (or null)."""
-HINTS = {"n": ": send one request per sample with its own rid",
-         "ignore_eos": ": it is a server setting here, start rollpacker serve --ignore-eos"}
-
-
-def _check_params(params: dict, ignore_eos: bool) -> None:
-    """Refuse (400, naming the field) any sampling param this server would not honour."""
-    for name, value in params.items():
-        if name == "ignore_eos":
-            if value and not ignore_eos:
-                raise _BadRequest(f"sampling_params.ignore_eos{HINTS[name]}")
-        elif name in OFF_VALUES:
-            off = OFF_VALUES[name]
-            if not (value is None or value == off or (off is None and not value)):
-                raise _BadRequest(f"sampling_params.{name}={value!r} is not supported by rollpacker serve "
-                                  f"(only {off!r}, off){HINTS.get(name, '')}")
-        elif name not in HONOURED_PARAMS:
-            raise _BadRequest(f"sampling_params.{name} is not a sampling parameter rollpacker serve knows "
-                              f"(it honours {', '.join(HONOURED_PARAMS)})")
-
-
-def _stop_params(params: dict) -> tuple[tuple[str, ...], tuple[int, ...], int | None]:
-    """(stop strings, stop token ids, top_k) of a request's sampling params."""
-    stop = params.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-        raise _BadRequest(f"sampling_params.stop must be a string or a list of non-empty strings, got {stop!r}")
-    ids = params.get("stop_token_ids") or ()
-    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and t >= 0 for t in ids):
-        raise _BadRequest(f"sampling_params.stop_token_ids must be a list of token ids, got {ids!r}")
-    top_k = params.get("top_k")
-    if top_k is not None and (not isinstance(top_k, int) or top_k == 0 or top_k < -1):
-        raise _BadRequest(f"sampling_params.top_k must be -1 (off) or an integer >= 1, got {top_k!r}")
-    return tuple(stop), tuple(ids), None if top_k in (None, -1) else top_k
-
-
-def _request_from_body(body: Any, *, ignore_eos: bool = False) -> tuple[GenerationRequest, dict]:
-    """A /generate body -> (one GenerationRequest, its sampling params); anything unsupported is a
-    `_BadRequest` naming the field."""
-    if not isinstance(body, dict):
-        raise _BadRequest("the body must be a JSON object")
-    if "input_ids" not in body:
-        raise _BadRequest("input_ids is required: this server does not tokenize (send token ids, not text)")
-    ids = body["input_ids"]
-    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-        raise _BadRequest("input_ids must be one non-empty list of token ids (batches are not supported)")
-    rid = body.get("rid")
-    if rid is None:
-        rid = uuid.uuid4().hex
-    if not isinstance(rid, str) or not rid:
-        raise _BadRequest(f"rid must be one non-empty string, got {rid!r}")
-    params = body.get("sampling_params") or {}
-    if not isinstance(params, dict):
-        raise _BadRequest("sampling_params must be an object")
-    _check_params(params, ignore_eos)
-    stop, stop_ids, top_k = _stop_params(params)
-    try:
-        gen = GenerationRequest(
-            request_id=rid,
-            prompt_ids=tuple(ids),
-            max_new_tokens=int(params.get("max_new_tokens", 128)),
-            temperature=float(params.get("temperature", 1.0)),
-            top_p=float(params.get("top_p", 1.0)),
-            seed=None if params.get("sampling_seed") is None else int(params["sampling_seed"]),
-            top_k=top_k, stop_token_ids=stop_ids, stop=stop,
-        )
-    except (TypeError, ValueError) as exc:
-        raise _BadRequest(f"bad sampling_params: {exc}") from None
-    return gen, params
 
 
 class EngineServer:
@@ -240,13 +155,13 @@ class EngineServer:
             return _error(f"the engine failed: {self._failure!r}", 503)
         try:
             body = await request.json()
-            gen, params = _request_from_body(body, ignore_eos=self.ignore_eos)
+            gen, params = request_from_body(body, ignore_eos=self.ignore_eos)
             if gen.stop and self.tokenizer is None:
-                raise _BadRequest(f"sampling_params.stop needs a tokenizer: {self.model_path} has none")
+                raise BadRequest(f"sampling_params.stop needs a tokenizer: {self.model_path} has none")
             if gen.request_id in self._waiters:
-                raise _BadRequest(f"rid {gen.request_id!r} is already running")
+                raise BadRequest(f"rid {gen.request_id!r} is already running")
             self.engine.submit([gen])
-        except ValueError as exc:  # _BadRequest, JSON errors, the engine's ConfigError/BackendMisuse
+        except ValueError as exc:  # BadRequest, JSON errors, the engine's ConfigError/BackendMisuse
             return _error(str(exc))
         queue: asyncio.Queue = asyncio.Queue()
         self._waiters[gen.request_id] = queue
@@ -480,62 +395,3 @@ if web is not None:
 def _failed(message: str) -> web.Response:
     """SGLang's answer to a weight call that failed: 400 with success false."""
     return web.json_response({"success": False, "message": message}, status=400)
-
-
-# -- the `rollpacker serve` subcommand --------------------------------------------------------------
-
-
-def add_parser(sub, name: str) -> argparse.ArgumentParser:
-    parser = sub.add_parser(name, help="serve the embedded engine through SGLang's native HTTP API",
-                            description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return parser
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--capacity", type=int, default=64, help="most requests decoded at once")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--progress-every", type=int, default=4, help="stream a progress chunk every N tokens")
-    parser.add_argument("--ignore-eos", action="store_true", help="never stop on EOS (exact lengths)")
-    parser.add_argument("--log-calls", action="store_true", help="log every HTTP call with its wall-clock time")
-
-
-def run(args: argparse.Namespace) -> int:
-    if web is None:
-        from rollpacker.core.errors import ConfigError
-
-        raise ConfigError("rollpacker serve needs aiohttp, which is not installed: pip install 'rollpacker[serve]'")
-    from rollpacker.backends.embedded.engine import EmbeddedEngine
-    from rollpacker.backends.models import resolve_model
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    check_port_free(args.host, args.port)  # before the model loads, not after
-    model_dir = resolve_model(args.model)
-    engine = EmbeddedEngine(
-        model_dir, capacity=args.capacity, dtype=args.dtype, seed=args.seed,
-        progress_every=args.progress_every, stop_token_ids=() if args.ignore_eos else None,
-    )
-    server = EngineServer(engine, str(model_dir), ignore_eos=args.ignore_eos, tokenizer=engine.tokenizer,
-                          log_calls=args.log_calls)
-    try:
-        web.run_app(server.app, host=args.host, port=args.port, print=lambda *a: log.info(*a),
-                    handle_signals=True, shutdown_timeout=2.0, handler_cancellation=True)
-    finally:
-        engine.close()
-    return 0
-
-
-def check_port_free(host: str, port: int) -> None:
-    """A `ConfigError` naming --port when it cannot be bound (in use, or not ours to bind)."""
-    from rollpacker.core.errors import ConfigError
-
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
-            probe.bind((host, port))
-    except OSError as exc:
-        raise ConfigError(f"--port {port} on {host}: cannot listen there ({exc.strerror}); pick another --port") from None
