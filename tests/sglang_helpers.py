@@ -29,6 +29,13 @@ def tiny_model() -> str:
         pytest.skip(f"the tiny model needs the default tokenizer: {exc}")
 
 
+def two_servers(model: str, timeout_s: float = 120):
+    """Two `rollpacker serve` processes on 127.0.0.1 with SERVE_ARGS (a context manager: the group)."""
+    from rollpacker.backends.sglang.launch import launch_servers
+
+    return launch_servers(model, num_servers=2, kind="rollpacker", extra_args=SERVE_ARGS, timeout_s=timeout_s)
+
+
 def request(i: int, max_new: int = 16, temperature: float = 0.0, prompt=(1, 2, 3)) -> GenerationRequest:
     return GenerationRequest(f"rp{i:012d}", tuple(prompt), max_new_tokens=max_new, temperature=temperature, seed=i)
 

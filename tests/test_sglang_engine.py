@@ -10,10 +10,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from sglang_helpers import SERVE_ARGS, collect, drive_one_step, request, tiny_model, wait_progress
+from sglang_helpers import collect, drive_one_step, request, tiny_model, two_servers, wait_progress
 
 from rollpacker.backends.sglang.client import SGLangEngine
-from rollpacker.backends.sglang.launch import launch_servers
 from rollpacker.core import Scheduler, make_policy
 from rollpacker.core.protocols import GenerationProgress, RolloutEngine
 
@@ -25,7 +24,7 @@ def model() -> str:
 
 @pytest.fixture(scope="module")
 def servers(model):
-    with launch_servers(model, num_servers=2, kind="rollpacker", extra_args=SERVE_ARGS, timeout_s=90) as group:
+    with two_servers(model) as group:
         yield group
 
 
@@ -135,7 +134,7 @@ def test_two_servers_least_outstanding_dispatch(servers, model):
 
 @pytest.mark.timeout(120)
 def test_server_killed_mid_round_requests_are_relaunched_no_prompt_lost(model):
-    group = launch_servers(model, num_servers=2, kind="rollpacker", extra_args=SERVE_ARGS, timeout_s=90)
+    group = two_servers(model)
     try:
         victim = group.servers[0]
         with SGLangEngine(group.urls, expected_model=model, stall_timeout_s=5) as eng:

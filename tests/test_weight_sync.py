@@ -21,12 +21,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_helpers import SERVE_ARGS, collect, request, tiny_model
+from sglang_helpers import collect, request, tiny_model, two_servers
 
 torch = pytest.importorskip("torch")
 
 from rollpacker.backends.sglang.client import SGLangEngine  # noqa: E402
-from rollpacker.backends.sglang.launch import launch_servers  # noqa: E402
 from rollpacker.backends.sglang.weights import buckets  # noqa: E402
 from rollpacker.driver import sync_weights  # noqa: E402
 
@@ -43,7 +42,7 @@ def model() -> str:
 
 @pytest.fixture(scope="module")
 def servers(model):
-    with launch_servers(model, num_servers=2, kind="rollpacker", extra_args=SERVE_ARGS, timeout_s=120) as group:
+    with two_servers(model) as group:
         yield group
 
 
