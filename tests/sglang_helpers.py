@@ -1,11 +1,15 @@
-"""Shared pieces of the SGLang backend tests: the tiny model, servers, and a real engine as a backend
-of the real driver."""
+"""Shared pieces of the SGLang backend tests: the tiny model, servers (rollpacker serve, and the real
+SGLang server when its environment is built: `make sglang`), and a real engine as a backend of the
+real driver."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -16,6 +20,52 @@ from rollpacker.core.protocols import GenerationProgress, GenerationRequest, Gen
 from rollpacker.driver import Driver, ScorerAnswered, WallClock
 
 SERVE_ARGS = ("--ignore-eos", "--capacity", "8", "--progress-every", "2")
+
+
+SGLANG_VERSION = "0.5.23"
+SGLANG_HINT = "real SGLang is not built here: run `make sglang` (about 8-15 minutes, 7 GB, once)"
+KINDS = ("rollpacker", pytest.param("sglang", marks=pytest.mark.sglang))
+"""Server kinds a test module runs against: `rollpacker serve`, and real SGLang (marked `sglang`)."""
+STUB_CALLS = Path(tempfile.gettempdir()) / f"rollpacker-sgl-kernel-calls-{os.getpid()}"
+"""Where the CPU server's `sgl_kernel` stand-in records a call (tests/sglang_cpu/sgl_kernel)."""
+
+
+def sglang_python() -> str | None:
+    """The interpreter of the real SGLang environment `make sglang` builds (None: not built)."""
+    venv = os.environ.get("ROLLPACKER_SGLANG_VENV") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollpacker" / f"sglang-{SGLANG_VERSION}-cpu")
+    python = Path(venv) / "bin" / "python"
+    return str(python) if python.is_file() and any(Path(venv).glob(".rollpacker-built-*")) else None
+
+
+def launch(kind: str, model: str, num_servers: int = 1, *, serve_args=SERVE_ARGS, timeout_s: float | None = None):
+    """`num_servers` servers of `kind` on 127.0.0.1 (a context manager: the group).  Real SGLang runs on
+    the CPU from its own environment (skipped, naming the make target, when it is not built)."""
+    from rollpacker.backends.sglang.launch import launch_servers
+
+    if kind == "rollpacker":
+        return launch_servers(model, num_servers=num_servers, kind="rollpacker", extra_args=serve_args,
+                              timeout_s=timeout_s or 120)
+    python = sglang_python()
+    if python is None:
+        pytest.skip(SGLANG_HINT)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROLLPACKER_SGL_KERNEL_CALLS": str(STUB_CALLS)}
+    return launch_servers(model, num_servers=num_servers, kind="sglang", python=python, cpu=True, env=env,
+                          timeout_s=timeout_s or 900)
+
+
+def check_stub_never_called() -> None:
+    """Fail if the real server called a function of the `sgl_kernel` stand-in (then it hides a real
+    dependency, and the CPU server is not running SGLang's own code path)."""
+    if STUB_CALLS.is_file() and STUB_CALLS.read_text().strip():
+        raise AssertionError(f"SGLang called the sgl_kernel stand-in: {STUB_CALLS.read_text()[:500]}")
+
+
+def servers_of(kind: str, model: str, num_servers: int = 2):
+    """A module fixture's body: the servers, then the stand-in check."""
+    with launch(kind, model, num_servers) as group:
+        yield group
+    check_stub_never_called()
 
 
 def tiny_model() -> str:

@@ -1,6 +1,8 @@
-"""SGLangEngine against `rollpacker serve` subprocesses on 127.0.0.1 with the tiny random Llama:
-generate, stream, abort with partial tokens, pause/continue, weight updates, two-server dispatch,
-and a server killed mid-round whose requests the core relaunches on the survivor."""
+"""SGLangEngine against two servers on 127.0.0.1 serving the tiny random Llama, once `rollpacker serve`
+and once real SGLang (`sglang`-marked; skipped until `make sglang`): generate, stream, abort with partial
+tokens, pause/continue, weight updates, the sampling parameters we send, two-server dispatch, and a
+server killed mid-round whose requests the core relaunches on the survivor (last: it kills one of the
+module's servers)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from sglang_helpers import collect, drive_one_step, request, tiny_model, two_servers, wait_progress
+from sglang_helpers import KINDS, collect, drive_one_step, request, servers_of, tiny_model, wait_progress
 
 from rollpacker.backends.sglang.client import SGLangEngine
+from rollpacker.backends.sglang.pool import DEFAULT_CAPACITY, running_limit
 from rollpacker.core import Scheduler, make_policy
-from rollpacker.core.protocols import GenerationProgress, RolloutEngine
+from rollpacker.core.protocols import GenerationProgress, GenerationRequest, RolloutEngine
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +25,24 @@ def model() -> str:
     return tiny_model()
 
 
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def servers(model):
-    with two_servers(model) as group:
-        yield group
+def servers(kind, model):
+    yield from servers_of(kind, model)
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read())
 
 
 @pytest.fixture
 def engine(servers, model):
-    eng = SGLangEngine(servers.urls[:1], expected_model=model, stall_timeout_s=5)
+    eng = SGLangEngine(servers.urls[:1], expected_model=model, model_config_dir=model, stall_timeout_s=30)
     yield eng
     eng.close()
 
@@ -105,16 +117,49 @@ def test_weight_update_changes_outputs_deterministically(engine, model, tmp_path
     assert after.token_ids != before.token_ids and after.weight_version == 1
     engine.update_weights(perturbed, version=2)
     assert greedy(12).token_ids == after.token_ids  # the same weights give the same tokens
+    # the server now names the new weights' directory; reconnecting with the model's name still works
+    assert get_json(engine.urls[0] + "/model_info")["model_path"] != model
+    SGLangEngine(engine.urls, expected_model=model).close()
     engine.update_weights(original, version=3)  # restore (a directory this time)
     restored = greedy(13)
     assert restored.token_ids == before.token_ids and restored.weight_version == 3
     engine.flush_cache()  # idle now: allowed
 
 
+@pytest.mark.timeout(120)
+def test_the_sampling_params_we_send_take_effect(engine, kind):
+    def run(*requests):
+        engine.submit(list(requests))
+        results, _ = collect(engine, len(requests), timeout_s=90)
+        return [results[r.request_id] for r in requests]
+
+    def sampled(i, **params):
+        return GenerationRequest(f"rp{i:012d}", (1, 2, 3), max_new_tokens=8, **params)
+
+    greedy, again = run(sampled(40, temperature=0.0), sampled(41, temperature=0.0))
+    assert greedy.token_ids == again.token_ids
+    # a cut that leaves only the most likely token is greedy, whatever the temperature
+    top_k, top_p = run(sampled(42, temperature=1.0, top_k=1), sampled(43, temperature=1.0, top_p=1e-9))
+    assert top_k.token_ids == top_p.token_ids == greedy.token_ids
+    # a GRPO group: one prompt, distinct seeds, temperature 1: distinct answers
+    group = run(*(sampled(44 + k, temperature=1.0, seed=1000 + k) for k in range(4)))
+    assert len({r.token_ids for r in group}) == 4
+    if kind == "rollpacker":  # SGLang applies sampling_seed only under --enable-deterministic-inference
+        (same_seed,) = run(sampled(48, temperature=1.0, seed=1000))
+        assert same_seed.token_ids == group[0].token_ids
+    # stop_token_ids: the response ends at the first such token, kept, finish_reason "stop"
+    (stopped,) = run(GenerationRequest("rp000000000049", (1, 2, 3), max_new_tokens=8, temperature=0.0,
+                                       stop_token_ids=(greedy.token_ids[0],)))
+    assert stopped.finish_reason == "stop" and stopped.token_ids == greedy.token_ids[:1]
+
+
 @pytest.mark.timeout(60)
 def test_two_servers_least_outstanding_dispatch(servers, model):
-    with SGLangEngine(servers.urls, expected_model=model, stall_timeout_s=5) as eng:
-        assert eng.capacity == 16  # 8 per server, from /get_server_info
+    with SGLangEngine(servers.urls, expected_model=model, stall_timeout_s=30) as eng:
+        # the servers' own running-request limits (rollpacker serve: --capacity 8; SGLang started without
+        # --max-running-requests: the limit it resolved, in /server_info's internal_states), not the default
+        limits = [running_limit(get_json(url + "/server_info")) for url in servers.urls]
+        assert eng.capacity == sum(limits) and None not in limits and eng.capacity != 2 * DEFAULT_CAPACITY
         eng.submit([request(20 + i, max_new=1500) for i in range(6)])
         deadline = time.monotonic() + 10
         while sum(eng.outstanding().values()) < 6 and time.monotonic() < deadline:
@@ -132,29 +177,26 @@ def test_two_servers_least_outstanding_dispatch(servers, model):
         assert all(r.finish_reason == "abort" for r in results.values())
 
 
-@pytest.mark.timeout(120)
-def test_server_killed_mid_round_requests_are_relaunched_no_prompt_lost(model):
-    group = two_servers(model)
-    try:
-        victim = group.servers[0]
-        with SGLangEngine(group.urls, expected_model=model, stall_timeout_s=5) as eng:
-            prompts, samples = 3, 2
-            sched = Scheduler(make_policy("sync", prompts=prompts, samples=samples, max_tokens=200), num_prompts=6)
-            killed = []
+@pytest.mark.timeout(300)
+def test_server_killed_mid_round_requests_are_relaunched_no_prompt_lost(servers, model):
+    """Last in the module: it kills the first of the module's servers."""
+    victim = servers.servers[0]
+    with SGLangEngine(servers.urls, expected_model=model, stall_timeout_s=30) as eng:
+        prompts, samples = 3, 2
+        sched = Scheduler(make_policy("sync", prompts=prompts, samples=samples, max_tokens=200), num_prompts=6)
+        killed = []
 
-            def kill_once(event) -> None:
-                if not killed and isinstance(event, GenerationProgress) and event.num_tokens >= 4:
-                    victim.kill()  # SIGKILL: a crash, not a clean stop
-                    killed.append(event)
+        def kill_once(event) -> None:
+            if not killed and isinstance(event, GenerationProgress) and event.num_tokens >= 4:
+                victim.kill()  # SIGKILL: a crash, not a clean stop
+                killed.append(event)
 
-            out = drive_one_step(eng, sched, on_progress=kill_once)
-            assert killed, "the server was never killed"
-            assert [f for f in eng.server_failures if victim.url in str(f)], eng.server_failures
-            assert eng.live_urls() == [group.servers[1].url]
-            (round_end,) = out["round_ends"]
-            assert len(round_end.trained) == prompts  # every prompt of the step trained: none lost
-            assert len(out["opt_steps"]) == 1
-            assert len(out["launches"]) > prompts * samples  # the killed server's samples were relaunched
-            assert round_end.report.retried_requests >= 1
-    finally:
-        group.stop()
+        out = drive_one_step(eng, sched, on_progress=kill_once, timeout_s=240)
+        assert killed, "the server was never killed"
+        assert [f for f in eng.server_failures if victim.url in str(f)], eng.server_failures
+        assert eng.live_urls() == [servers.servers[1].url]
+        (round_end,) = out["round_ends"]
+        assert len(round_end.trained) == prompts  # every prompt of the step trained: none lost
+        assert len(out["opt_steps"]) == 1
+        assert len(out["launches"]) > prompts * samples  # the killed server's samples were relaunched
+        assert round_end.report.retried_requests >= 1

@@ -1,7 +1,10 @@
-"""Weight sync from a trainer to two `rollpacker serve` servers on 127.0.0.1 (the tiny random Llama):
-SGLang's distributed path (/init_weights_update_group once, then /update_weights_from_distributed per
-bucket) with gloo standing in for NCCL, from one trainer process and from two under torchrun (FSDP2);
-the disk path into a named directory; the bucketing; the endpoints' bad input.
+"""Weight sync from a trainer to two servers on 127.0.0.1 serving the tiny random Llama, once `rollpacker
+serve` and once real SGLang (`sglang`-marked; skipped until `make sglang`): SGLang's distributed path
+(/init_weights_update_group once, then /update_weights_from_distributed per bucket inside a
+/begin_weight_update ... /end_weight_update session) over gloo, from one trainer process and from two
+under torchrun (FSDP2); a trainer restarted after a kill (a fresh group; a reused name refused in one
+line, not after the timeout); the disk path into a named directory; the bucketing; the endpoints' bad
+input.
 
 After a sync both servers must produce the greedy tokens of an in-process embedded engine loaded
 with the trainer's exported weights (the same engine code: exact), and not the tokens of before.
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_helpers import collect, request, tiny_model, two_servers
+from sglang_helpers import KINDS, collect, request, servers_of, tiny_model
 
 torch = pytest.importorskip("torch")
 
@@ -30,6 +33,7 @@ from rollpacker.backends.sglang.weights import buckets  # noqa: E402
 from rollpacker.driver import sync_weights  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("weight_sync_ranks.py")
+KILLED_TRAINER = Path(__file__).with_name("weight_sync_trainer.py")
 REPO = SCRIPT.parent.parent
 BUCKET = 256 * 1024  # small, so the tiny model goes in several buckets
 NUM_NEW = 12
@@ -40,10 +44,14 @@ def model() -> str:
     return tiny_model()
 
 
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def servers(model):
-    with two_servers(model) as group:
-        yield group
+def servers(kind, model):
+    yield from servers_of(kind, model)
 
 
 def greedy_per_server(engine: SGLangEngine, first_id: int) -> list[tuple[int, ...]]:
@@ -150,8 +158,54 @@ def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+def start_trainer_then_kill_it(servers, model: str, group: str | None) -> str:
+    """A trainer process joins a weight group (`group`, or its own new name), syncs, and is killed with
+    SIGKILL: the servers keep the group.  Returns the group's name."""
+    proc = subprocess.Popen([sys.executable, str(KILLED_TRAINER), "--model", model, "--urls", *servers.urls,
+                             *(["--group", group] if group else [])], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("SYNCED "):
+                return line.split()[1]
+        raise AssertionError("the trainer exited before it synced:\n" + "".join(lines[-40:]))
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+@pytest.mark.timeout(400)
+def test_a_trainer_restarted_after_a_kill_joins_a_fresh_group_and_a_reused_name_is_refused_at_once(servers, model):
+    import time
+
+    from rollpacker.backends.errors import ServerRejected
+
+    held = start_trainer_then_kill_it(servers, model, group="fixed-name")
+    with SGLangEngine(servers.urls, expected_model=model) as engine:
+        engine.use_distributed_sync(backend="gloo", bucket_bytes=BUCKET, group_name=held)
+        started = time.monotonic()
+        with pytest.raises(ServerRejected, match="fixed-name"):
+            sync_weights(engine, perturbed_trainer(model, seed=4), version=1)
+        assert time.monotonic() - started < 120  # one line now, not after the 600 s timeout
+    # the default: a new name per trainer start, so the restart simply joins; close() leaves it
+    orphan = start_trainer_then_kill_it(servers, model, group=None)
+    trainer = perturbed_trainer(model, seed=5)
+    with SGLangEngine(servers.urls, expected_model=model) as engine:
+        engine.use_distributed_sync(backend="gloo", bucket_bytes=BUCKET)
+        sync_weights(engine, trainer, version=2)
+        joined = engine._distributed.group_name
+        assert joined != orphan
+        assert greedy_per_server(engine, 500) == [reference_greedy(model, trainer.export_weights())] * 2
+    status, body = _post(servers.urls[0], "/destroy_weights_update_group", {"group_name": joined})
+    assert status == 400 and body["success"] is False  # close() destroyed it already
+
+
 @pytest.mark.timeout(60)
-def test_distributed_endpoints_refuse_bad_input_naming_it(servers):
+def test_distributed_endpoints_refuse_bad_input_naming_it(servers, kind):
+    if kind != "rollpacker":
+        pytest.skip("rollpacker serve's own messages")
     url = servers.urls[0]
     status, body = _post(url, "/update_weights_from_distributed",
                          {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "never-joined"})

@@ -263,9 +263,11 @@ class SGLangEngine:
 
     def use_distributed_sync(self, *, backend: str, bucket_bytes: int, dtype: Any = None,
                              master_address: str | None = None, master_port: int | None = None,
-                             group_name: str = "rollpacker_weight_sync") -> None:
+                             group_name: str | None = None) -> None:
         """Send `update_weights_from_trainer`'s weights over SGLang's distributed path from now on
-        (the group is made at the first sync).  The master address defaults to this machine's address
+        (the group is made at the first sync and left at `close`; its name, by default, is new for each
+        trainer start, so a restarted trainer never collides with a group the servers still hold).
+        The master address defaults to this machine's address
         as the first server reaches it, the port to a free one there."""
         from rollpacker.backends.sglang.launch import free_port
         from rollpacker.backends.sglang.weights import DistributedWeightSync, local_address
@@ -316,6 +318,8 @@ class SGLangEngine:
         if self._is_closed:
             return
         self._is_closed = True
+        if self._distributed is not None:
+            self._distributed.close()
         try:
             self._pool.wait(self._close(), 10.0, "closing")
         except SGLangError as exc:

@@ -61,6 +61,7 @@ class ServerClient:
         self.session = session
         self.config = config
         self._opening = asyncio.Semaphore(config.max_opening)
+        self._renamed: dict[tuple[str, ...], str] = {}
 
     async def call(self, method: str, path: str, body: Any = None, *, timeout_s: float | None = None,
                    retries: int | None = None, expect_json: bool = True) -> Any:
@@ -97,11 +98,26 @@ class ServerClient:
         assert last is not None
         raise last
 
+    async def call_renamed(self, method: str, paths: tuple[str, ...], **kwargs) -> Any:
+        """A control call whose path SGLang renamed (newest name first; an older server answers 404
+        to it): the first path the server knows, remembered for the next calls."""
+        known = self._renamed.get(paths)
+        for path in (known,) if known else paths:
+            try:
+                answer = await self.call(method, path, **kwargs)
+            except ServerRejected as exc:
+                if path == paths[-1] or "HTTP 404" not in str(exc):
+                    raise
+                continue
+            self._renamed[paths] = path
+            return answer
+        raise AssertionError("unreachable")
+
     async def health(self, retries: int | None = None) -> None:
         await self.call("GET", "/health", retries=retries, expect_json=False)
 
     async def model_info(self) -> dict:
-        info = await self.call("GET", "/get_model_info")
+        info = await self.call_renamed("GET", ("/model_info", "/get_model_info"))
         if not isinstance(info, dict) or "model_path" not in info:
             raise BackendProtocolError(f"server {self.url}: /get_model_info has no model_path: {str(info)[:200]}")
         return info
@@ -109,7 +125,7 @@ class ServerClient:
     async def server_info(self) -> dict:
         """The server's settings (SGLang: its server args), or {} if it does not report them."""
         try:
-            info = await self.call("GET", "/get_server_info", retries=1)
+            info = await self.call_renamed("GET", ("/server_info", "/get_server_info"), retries=1)
         except (ServerRejected, BackendProtocolError):
             return {}
         return info if isinstance(info, dict) else {}
@@ -146,6 +162,20 @@ class ServerClient:
                 "world_size": world_size, "group_name": group_name, "backend": backend}
         return await self.call("POST", "/init_weights_update_group", body,
                                timeout_s=self.config.weights_timeout_s, retries=1)
+
+    async def weight_update_session(self, edge: str) -> dict | None:
+        """`edge` "begin" or "end": SGLang's weight-update session (0.5.23 refuses a distributed
+        update outside one); None from a server that has no such call (older SGLang: HTTP 404)."""
+        try:
+            return await self.call("POST", f"/{edge}_weight_update", {}, timeout_s=self.config.weights_timeout_s,
+                                   retries=1)
+        except ServerRejected as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
+
+    async def destroy_weights_update_group(self, group_name: str) -> dict:
+        return await self.call("POST", "/destroy_weights_update_group", {"group_name": group_name}, retries=1)
 
     async def update_weights_from_distributed(self, names: list[str], dtypes: list[str],
                                               shapes: list[list[int]], group_name: str, version: int) -> dict:

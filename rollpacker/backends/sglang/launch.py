@@ -3,8 +3,10 @@
     with launch_servers("Qwen/Qwen2.5-7B", num_servers=4, tp_size=2, gpus=range(8)) as group:
         engine = SGLangEngine(group.urls, expected_model="Qwen/Qwen2.5-7B")
 
-`kind="sglang"` runs `python -m sglang.launch_server`; `kind="rollpacker"` runs `rollpacker serve`
-(the embedded engine; what CI uses).  Each server runs in its own process group (SGLang forks
+`kind="sglang"` runs `python -m sglang.launch_server` with `python` (default: this interpreter; SGLang
+pins its own torch, so it usually lives in a virtual environment of its own); `kind="rollpacker"` runs
+`rollpacker serve` (the embedded engine).  On a machine without a CUDA device, SGLang servers get the
+CPU flags (`CPU_SGLANG_ARGS`, each unless `extra_args` sets it) and `SGLANG_USE_CPU_ENGINE=1`.  Each server runs in its own process group (SGLang forks
 scheduler and detokenizer processes), so stopping sends SIGTERM to the group, then SIGKILL after a
 grace period.  Output goes to a log file per server; a server that exits or stays unhealthy past
 the timeout fails the launch with the tail of its log.  `attach(urls)` gives the same group shape
@@ -30,9 +32,13 @@ from attrs import define, field
 from rollpacker.backends.errors import ServerUnavailable
 from rollpacker.core.errors import ConfigError
 
-# Flags for SGLang on a machine without its optional kernels (the issue's list), passed by the caller.
-PORTABLE_SGLANG_ARGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch",
-                        "--grammar-backend", "none", "--disable-cuda-graph")
+CPU_SGLANG_ARGS = {"--device": ("cpu",), "--attention-backend": ("torch_native",), "--dtype": ("float32",),
+                   "--max-total-tokens": ("32768",), "--cuda-graph-backend-decode": ("disabled",),
+                   "--cuda-graph-backend-prefill": ("disabled",)}
+"""SGLang (0.5.23) on a CPU: its plain-torch attention; float32 (`auto` turns a float32 checkpoint into
+float16, about 5x slower on a CPU without AMX); a KV cache of 32k tokens (the default takes 72% of free
+RAM); no CUDA graphs.  Needs `SGLANG_USE_CPU_ENGINE=1` in the server's environment (set by
+`launch_servers`) and an `sgl_kernel` module (see the README: SGLang on a CPU)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -107,12 +113,19 @@ response length), every 16 tokens (the client needs a stream for liveness and pa
 abort, not every token)."""
 
 
-def server_command(kind: str, model: str, host: str, port: int, tp_size: int, extra_args: Sequence[str]) -> list[str]:
+def has_cuda() -> bool:
+    """Whether this machine has an NVIDIA device (without importing torch: the launcher may lack it)."""
+    return Path("/dev/nvidiactl").exists()
+
+
+def server_command(kind: str, model: str, host: str, port: int, tp_size: int, extra_args: Sequence[str],
+                   *, python: str | None = None, cpu: bool = False) -> list[str]:
     if kind == "sglang":
-        stream = [part for flag, value in STREAM_ARGS.items() if not _has_flag(extra_args, flag)
-                  for part in (flag, *value)]
-        return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--tp-size", str(tp_size),
-                "--host", host, "--port", str(port), *stream, *extra_args]
+        defaults = {**STREAM_ARGS, **(CPU_SGLANG_ARGS if cpu else {})}
+        added = [part for flag, value in defaults.items() if not _has_flag(extra_args, flag)
+                 for part in (flag, *value)]
+        return [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model,
+                "--tp-size", str(tp_size), "--host", host, "--port", str(port), *added, *extra_args]
     if kind == "rollpacker":
         if tp_size != 1:
             raise ConfigError(f"rollpacker serve runs on CPU with tp_size=1, got tp_size={tp_size}")
@@ -128,9 +141,12 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
 def launch_servers(model: str, *, num_servers: int = 1, tp_size: int = 1, kind: str = "sglang",
                    host: str = "127.0.0.1", ports: Sequence[int] | None = None, gpus: Iterable[int] | None = None,
                    extra_args: Sequence[str] = (), log_dir: str | os.PathLike | None = None,
-                   timeout_s: float = 600.0, env: dict | None = None) -> ServerGroup:
+                   timeout_s: float = 600.0, env: dict | None = None, python: str | None = None,
+                   cpu: bool | None = None) -> ServerGroup:
     """Start `num_servers` servers of `model` with `tp_size` GPUs each and wait until all are healthy.
-    `gpus`: the GPU ids to split among them (tp_size consecutive ids per server)."""
+    `gpus`: the GPU ids to split among them (tp_size consecutive ids per server).  `python`: the
+    interpreter that runs SGLang (default: this one).  `cpu`: SGLang on the CPU (default: when this
+    machine has no CUDA device)."""
     if num_servers < 1 or tp_size < 1:
         raise ConfigError(f"num_servers and tp_size must be >= 1, got {num_servers}, {tp_size}")
     gpu_list = None if gpus is None else list(gpus)
@@ -139,16 +155,19 @@ def launch_servers(model: str, *, num_servers: int = 1, tp_size: int = 1, kind: 
     ports = list(ports) if ports is not None else [free_port(host) for _ in range(num_servers)]
     log_root = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="rollpacker-servers-"))
     log_root.mkdir(parents=True, exist_ok=True)
+    cpu = (not has_cuda()) if cpu is None else cpu
     group = ServerGroup()
     try:
         for i in range(num_servers):
             server_env = dict(os.environ if env is None else env)
+            if kind == "sglang" and cpu:
+                server_env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
             if gpu_list is not None:
                 server_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_list[i * tp_size:(i + 1) * tp_size]))
             log_path = log_root / f"server-{i}-{ports[i]}.log"
             with open(log_path, "wb") as log_file:
                 proc = subprocess.Popen(
-                    server_command(kind, model, host, ports[i], tp_size, extra_args),
+                    server_command(kind, model, host, ports[i], tp_size, extra_args, python=python, cpu=cpu),
                     stdout=log_file, stderr=subprocess.STDOUT, env=server_env, start_new_session=True)
             group.servers.append(ServerProcess(f"http://{host}:{ports[i]}", proc, log_path))
         wait_healthy(group.servers, timeout_s)

@@ -198,12 +198,15 @@ class ServerPool:
         async def check(server: PooledServer) -> None:
             await server.client.health()
             info = await server.client.model_info()
-            if expected_model is not None and not _same_model(expected_model, str(info["model_path"])):
+            if expected_model is not None and not serves_model(expected_model, info):
                 raise ServerRejected(
                     f"server {server.url} serves model {info['model_path']!r}, not the expected {expected_model!r}")
             settings = await server.client.server_info()
-            limit = settings.get("max_running_requests")
-            server.capacity = capacity_per_server or (limit if isinstance(limit, int) and limit > 0 else 64)
+            server.capacity = capacity_per_server or running_limit(settings)
+            if server.capacity is None:
+                server.capacity = DEFAULT_CAPACITY
+                log.warning("server %s reports no running-request limit; assuming %d (pass capacity_per_server)",
+                            server.url, DEFAULT_CAPACITY)
             if settings.get("incremental_streaming_output") is False:
                 log.warning("server %s streams cumulative output (SGLang's default): every chunk repeats all the "
                             "tokens and log-probs so far, quadratic in the response length; start it with "
@@ -218,6 +221,30 @@ class ServerPool:
 
     async def close_session(self) -> None:
         await self._session.close()
+
+
+DEFAULT_CAPACITY = 64
+"""Running-request limit assumed for a server that reports none."""
+
+
+def running_limit(settings: dict) -> int | None:
+    """A server's running-request limit from its /server_info: `max_running_requests` when it was
+    started with one, else what SGLang resolved (`effective_max_running_requests_per_dp`, summed over
+    its data-parallel ranks); None when it reports neither."""
+    limit = settings.get("max_running_requests")
+    if isinstance(limit, int) and limit > 0:
+        return limit
+    states = settings.get("internal_states")
+    per_dp = [st.get("effective_max_running_requests_per_dp") for st in states or () if isinstance(st, dict)]
+    per_dp = [n for n in per_dp if isinstance(n, int) and n > 0]
+    return sum(per_dp) if per_dp else None
+
+
+def serves_model(expected: str, info: dict) -> bool:
+    """Whether /model_info names `expected`: its model_path, or its tokenizer_path (after
+    /update_weights_from_disk SGLang reports the new weights' directory as model_path; the tokenizer
+    stays the one it was started with)."""
+    return any(_same_model(expected, str(info[key])) for key in ("model_path", "tokenizer_path") if info.get(key))
 
 
 def _same_model(expected: str, reported: str) -> bool:

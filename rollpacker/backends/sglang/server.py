@@ -57,6 +57,8 @@ class EngineServer:
                  ignore_eos: bool = False, tokenizer: Any | None = None, log_calls: bool = False) -> None:
         self.engine = engine
         self.model_path = model_path
+        """The weights' directory: the one loaded last by /update_weights_from_disk, as SGLang reports."""
+        self.tokenizer_path = model_path
         self.tokenizer = tokenizer
         """Decodes responses into `text` and for `stop` strings; None: token ids only."""
         self.ignore_eos = ignore_eos
@@ -66,7 +68,9 @@ class EngineServer:
         self.app.add_routes([
             web.get("/health", self.health),
             web.get("/health_generate", self.health),
-            web.get("/get_model_info", self.model_info),
+            web.get("/model_info", self.model_info),
+            web.get("/get_model_info", self.model_info),  # SGLang's deprecated names, still served
+            web.get("/server_info", self.server_info),
             web.get("/get_server_info", self.server_info),
             web.post("/generate", self.generate),
             web.put("/generate", self.generate),
@@ -75,6 +79,9 @@ class EngineServer:
             web.post("/continue_generation", self.resume),
             web.post("/update_weights_from_disk", self.update_weights_from_disk),
             web.post("/init_weights_update_group", self.init_weights_update_group),
+            web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
+            web.post("/begin_weight_update", self.begin_weight_update),
+            web.post("/end_weight_update", self.end_weight_update),
             web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
             web.route("*", "/release_memory_occupation", self.release_memory_occupation),
             web.route("*", "/resume_memory_occupation", self.resume_memory_occupation),
@@ -87,6 +94,9 @@ class EngineServer:
         self._failure: BaseException | None = None
         self._groups: dict[str, Any] = {}
         """group_name -> the process group joined by /init_weights_update_group."""
+        self._update_session = False
+        """Between /begin_weight_update and /end_weight_update (a distributed update needs one, as in
+        SGLang 0.5.23)."""
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump: threading.Thread | None = None
@@ -135,7 +145,7 @@ class EngineServer:
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({
             "model_path": self.model_path,
-            "tokenizer_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": self.weight_version,
@@ -278,6 +288,7 @@ class EngineServer:
                 status=400,
             )
         self.weight_version = str(version)
+        self.model_path = path
         return web.json_response({
             "success": True,
             "message": f"Succeeded to update model weights. Weight version updated to {version}.",
@@ -308,6 +319,32 @@ class EngineServer:
             return _failed(f"Failed to init group: {exc}")
         return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
+    async def begin_weight_update(self, request: web.Request) -> web.Response:
+        if self._update_session:
+            return _failed("a weight-update session is already open; call end_weight_update() first")
+        self._update_session = True
+        return web.json_response({"success": True, "message": "Success"})
+
+    async def end_weight_update(self, request: web.Request) -> web.Response:
+        if not self._update_session:
+            return _failed("no weight-update session is open; call begin_weight_update() first")
+        self._update_session = False
+        return web.json_response({"success": True, "message": "Success"})
+
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        """Leave the weight group `group_name` (SGLang's answer when there is none: success false)."""
+        try:
+            group_name = (await request.json()).get("group_name", "weight_update_group")
+        except (ValueError, AttributeError):
+            return _error("destroy_weights_update_group needs a JSON body with group_name")
+        group = self._groups.pop(group_name, None)
+        if group is None:
+            return _failed("The group to be destroyed does not exist.")
+        import torch.distributed as dist
+
+        await asyncio.get_running_loop().run_in_executor(None, dist.destroy_process_group, group)
+        return web.json_response({"success": True, "message": "Succeeded to destroy custom process group."})
+
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         """Receive one bucket from rank 0 of `group_name` (names, dtypes, shapes in broadcast order)
         and load it into the engine's model (a partial update)."""
@@ -324,6 +361,9 @@ class EngineServer:
             return _error(f"update_weights_from_distributed: {exc} is missing or not a joined group")
         except (ValueError, TypeError, AttributeError) as exc:
             return _error(f"update_weights_from_distributed: {exc}")
+        if not self._update_session:
+            return _failed("update_weights_from_distributed must run between begin_weight_update() and "
+                           "end_weight_update()")
         from rollpacker.backends.sglang.weights import receive_bucket
 
         if body.get("abort_all_requests") and self._waiters:

@@ -13,7 +13,8 @@ Theory of operation
     Creating it is a rendezvous: the servers' /init_weights_update_group calls and the trainer's own
     `join_group` must run at the same time (`connect`, once, at the first push).  Then each bucket is
     one /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache,
-    weight_version} on every server, while the trainer broadcasts those tensors from rank 0 in the
+    weight_version} on every server (inside SGLang's weight-update session: /begin_weight_update
+    before the first bucket, /end_weight_update after the last; 0.5.23 refuses a bucket outside one), while the trainer broadcasts those tensors from rank 0 in the
     announced order; each server receives them into new tensors and loads them.
 
     Buckets: `named_tensors` is consumed lazily (a trainer's `named_weights()` gathers one parameter
@@ -29,11 +30,16 @@ Theory of operation
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import logging
 import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -41,7 +47,9 @@ from typing import Any
 
 from attrs import frozen
 
-from rollpacker.backends.errors import ServerUnavailable
+from rollpacker.backends.errors import ServerRejected, ServerUnavailable
+
+log = logging.getLogger(__name__)
 
 _CONFIG_FILES = ("config.json", "generation_config.json")
 DEFAULT_BUCKET_BYTES = 512 * 2**20
@@ -143,6 +151,26 @@ class SyncStats:
         return self.seconds / max(self.num_bytes / 1e9, 1e-12)
 
 
+def in_daemon_thread(fn, *args) -> concurrent.futures.Future:
+    """`fn(*args)` on a daemon thread (one a refusal left hanging never holds up the process's exit)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001  (handed to whoever waits on the future)
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="rollpacker-join", daemon=True).start()
+    return future
+
+
+def unique_group_name() -> str:
+    """A weight-sync group name of its own per trainer start: a restarted trainer must not ask the
+    servers to join a name they still hold from the last one (SGLang keeps a group until destroyed)."""
+    return f"rollpacker-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def drain(named_tensors: Iterable[tuple[str, Any]]) -> None:
     """Run a trainer's gathers to the end, keeping nothing (the ranks that do not send)."""
     for _ in named_tensors:
@@ -161,7 +189,7 @@ class DistributedWeightSync:
     """
 
     def __init__(self, engine, *, master_address: str, master_port: int, tp_sizes: Sequence[int] | None = None,
-                 group_name: str = "rollpacker_weight_sync", backend: str = "nccl",
+                 group_name: str | None = None, backend: str = "nccl",
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: Any = None, timeout_s: float = 600.0):
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
@@ -169,7 +197,7 @@ class DistributedWeightSync:
         self.master_address = master_address
         self.master_port = master_port
         self.tp_sizes = None if tp_sizes is None else list(tp_sizes)
-        self.group_name = group_name
+        self.group_name = group_name or unique_group_name()
         self.backend = backend
         self.bucket_bytes = bucket_bytes
         self.dtype = dtype
@@ -191,11 +219,30 @@ class DistributedWeightSync:
         world_size = rank
         pending = self.engine.call_servers(lambda c: c.init_weights_update_group(
             self.master_address, self.master_port, offsets[c.url], world_size, self.group_name, self.backend))
+        joined = in_daemon_thread(join_group, self.master_address, self.master_port, 0, world_size,
+                                  self.group_name, self.backend, self.timeout_s)
+        concurrent.futures.wait([pending, joined], self.timeout_s, return_when=concurrent.futures.FIRST_EXCEPTION)
+        if pending.done() and pending.exception() is not None:
+            # A server refused: our side would wait out the whole timeout for it.  Stop now.
+            raise ServerRejected(f"a server refused to join the weight-sync group {self.group_name!r}: "
+                                 f"{pending.exception()}; restart that server, or use --weight-sync disk:DIR"
+                                 ) from pending.exception()
+        self.group = joined.result(self.timeout_s)
+        pending.result(self.timeout_s)
+
+    def close(self) -> None:
+        """Leave the group on both sides (the servers' /destroy_weights_update_group, best effort and
+        bounded), so that a later trainer start joins a fresh group instead of an orphan."""
+        if self.group is None:
+            return
+        import torch.distributed as dist
+
+        group, self.group = self.group, None
         try:
-            self.group = join_group(self.master_address, self.master_port, 0, world_size, self.group_name,
-                                    self.backend, self.timeout_s)
-        finally:
-            pending.result(self.timeout_s)
+            self.engine.call_servers(lambda c: c.destroy_weights_update_group(self.group_name)).result(30)
+        except Exception as exc:  # noqa: BLE001  (a server that cannot drop it keeps an idle group)
+            log.warning("weight-sync group %r not destroyed on every server: %s", self.group_name, exc)
+        dist.destroy_process_group(group)
 
     def _server_tp_sizes(self) -> list[int]:
         infos = self.engine.call_servers(lambda c: c.server_info()).result(self.timeout_s)
@@ -212,14 +259,25 @@ class DistributedWeightSync:
             if self.engine.live_urls() != self.urls:
                 raise ServerUnavailable(f"the servers changed since the weight group was made: {self.urls} -> "
                                         f"{self.engine.live_urls()}; restart the run (a group cannot lose a rank)")
-            for bucket in buckets(self._prepared(iterator), self.bucket_bytes):
-                self._send(bucket, version)
-                num_buckets += 1
-                num_tensors += len(bucket)
-                num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            with self._session():
+                for bucket in buckets(self._prepared(iterator), self.bucket_bytes):
+                    self._send(bucket, version)
+                    num_buckets += 1
+                    num_tensors += len(bucket)
+                    num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
         finally:
             drain(iterator)  # after a failure: the other trainer ranks are still in these gathers
         return SyncStats(num_tensors, num_bytes, num_buckets, time.monotonic() - started)
+
+    @contextlib.contextmanager
+    def _session(self):
+        """The servers' weight-update session around the buckets (/begin_weight_update, then
+        /end_weight_update even after a failed bucket)."""
+        self.engine.call_servers(lambda c: c.weight_update_session("begin")).result(self.timeout_s)
+        try:
+            yield
+        finally:
+            self.engine.call_servers(lambda c: c.weight_update_session("end")).result(self.timeout_s)
 
     def _prepared(self, named_tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
         for name, tensor in named_tensors:
