@@ -1,11 +1,13 @@
 # make train: create the environment and run the reference trainer on the embedded default.
-# make test:  create the environment and run the whole test suite.
+# make test:  create the environment and run the whole test suite (the `sglang`-marked tests run
+#             against the real SGLang server once `make sglang` has built its environment).
+# make sglang: build (once) the environment that runs the real SGLang server on a CPU-only machine.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: train test bench env clean
+.PHONY: train test bench env clean sglang
 
 env: $(STAMP)
 
@@ -27,6 +29,11 @@ test: $(STAMP)
 train: $(STAMP)
 	@if [ -f reference/train.py ]; then $(PY) reference/train.py $(ARGS); \
 	else echo "make train: reference/train.py is not written yet (see the open issue); nothing to run."; fi
+
+# SGLang pins its own torch (2.14.1): a virtual environment of its own, in the user cache dir
+# ($$ROLLPACKER_SGLANG_VENV to move it), rebuilt only when its recipe changes.
+sglang:
+	bash tests/sglang_cpu/build_env.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/sim_table.py

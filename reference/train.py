@@ -195,7 +195,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
             run_dir.truncate_to(session.step)  # an interrupted step is played again
             print(f"resumed {run_dir.path} at step {session.step} with its saved config (only --steps may change)")
         else:
-            session.save()  # a kill during the first step resumes from here
+            session.begin()  # the rollout on the initial weights, the state saved
         print(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "
               f"{len(session.prompts)} prompts, model {session.model_dir}")
         while session.step < config.steps:

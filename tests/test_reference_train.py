@@ -195,11 +195,19 @@ def test_rollout_sglang_trains_against_a_served_engine(tiny_model, tmp_path, wei
 
     out = tmp_path / "run"
     sync = ["--weight-sync", weight_sync, "--weight-sync-bucket-mb", "1"] if weight_sync else []
-    with launch_servers(str(tiny_model), num_servers=1, kind="rollpacker", timeout_s=90) as group:
+    from test_colocate import server_calls
+
+    with launch_servers(str(tiny_model), num_servers=1, kind="rollpacker", timeout_s=90,
+                        extra_args=("--log-calls",)) as group:
         proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 2,
                          "--rollout", "sglang", "--sglang-urls", group.urls[0], *sync)
         with urllib.request.urlopen(group.urls[0] + "/get_model_info", timeout=30) as resp:
             assert json.loads(resp.read())["weight_version"] == "2"  # synced after each of the 2 steps
+        paths = [path for path, _, _ in server_calls(group.servers[0].log_path.read_text())]
+    # the servers may hold another run's weights: the trainer's initial ones go first, then step 0
+    first_weights = min(paths.index(p) for p in ("/update_weights_from_disk", "/init_weights_update_group")
+                        if p in paths)
+    assert first_weights < paths.index("/generate")
     rs = records(out)
     assert [r["step"] for r in rs] == [0, 1]
     trained = [k for r in rs for k in r["trained"]]

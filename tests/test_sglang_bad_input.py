@@ -125,6 +125,20 @@ def test_launched_sglang_streams_only_new_tokens_unless_told_otherwise():
     assert "--incremental-streaming-output" not in server_command("rollpacker", "m", "127.0.0.1", 1, 1, ())
 
 
+def test_launched_sglang_on_a_cpu_gets_the_cpu_flags_unless_told_otherwise():
+    def value(cmd, flag):
+        return cmd[cmd.index(flag) + 1]
+
+    cpu = server_command("sglang", "m", "127.0.0.1", 1, 1, ("--dtype", "bfloat16"), python="/venv/python", cpu=True)
+    assert cpu[0] == "/venv/python"
+    assert (value(cpu, "--device"), value(cpu, "--attention-backend")) == ("cpu", "torch_native")
+    assert value(cpu, "--cuda-graph-backend-decode") == value(cpu, "--cuda-graph-backend-prefill") == "disabled"
+    assert value(cpu, "--max-total-tokens") == "32768" and value(cpu, "--dtype") == "bfloat16"  # the caller's
+    assert cpu.count("--dtype") == 1
+    gpu = server_command("sglang", "m", "127.0.0.1", 1, 1, (), cpu=False)
+    assert "--device" not in gpu and "--attention-backend" not in gpu
+
+
 @pytest.mark.timeout(30)
 def test_a_server_that_streams_cumulatively_is_named_in_a_warning(caplog):
     async def settings(request):

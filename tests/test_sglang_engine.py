@@ -58,7 +58,8 @@ def test_generate_streams_progress_and_matches_non_stream(engine, servers):
     assert all(lp <= 0.0 for lp in r1.logprobs)
     assert any(p.request_id == "rp000000000001" for p in progress)
     # The same greedy request, non-streamed, straight through the HTTP API.
-    body = json.dumps({"rid": "plain", "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 12, "temperature": 0}})
+    body = json.dumps({"rid": "plain", "input_ids": [1, 2, 3], "return_logprob": True,
+                       "sampling_params": {"max_new_tokens": 12, "temperature": 0}})
     req = urllib.request.Request(servers.urls[0] + "/generate", body.encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         out = json.loads(resp.read())

@@ -16,6 +16,7 @@ class EmbeddedRollout:
     """--rollout embedded: rollpacker's engine, in this process, on the trainer's device."""
 
     flat = True  # the options are the top-level flags --engine-capacity, --spec-max-rows, ...
+    starts_with_the_model = True  # built from the trainer's initial weights: nothing to sync first
     engine_capacity: int = field(default=32, validator=at_least(1))
     """Embedded engine: most sequences decoded at once."""
     spec_max_rows: int | None = None
@@ -64,6 +65,7 @@ class SGLangRollout:
     """--rollout sglang: running SGLang (or `rollpacker serve`) servers, weights sent each step."""
 
     flat = True  # the options are the top-level flags --sglang-urls, --weight-sync, ...
+    starts_with_the_model = False  # the servers hold whatever they were given last (another run's weights)
     sglang_urls: tuple[str, ...] = field(default=(), validator=_urls)
     """URLs of running SGLang (or `rollpacker serve`) servers, for --rollout sglang."""
     weight_sync: str | None = field(default=None, validator=_weight_sync)

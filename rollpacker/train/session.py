@@ -142,6 +142,14 @@ class Session:
             raise self.run_dir.corrupt(state_dir / "trainer", f"could not be loaded ({line})") from None
         self.sync_weights()
 
+    def begin(self) -> None:
+        """A new run's start: the rollout gets the trainer's initial weights unless it was built from
+        them (servers may hold another run's: step 0 would sample off-policy), then the state is saved
+        (a kill during the first step resumes from here)."""
+        if not getattr(self.config.rollout_options(), "starts_with_the_model", False):
+            self.sync_weights()
+        self.save()
+
     def sync_weights(self) -> None:
         sync_weights(self.engine, self.trainer, version=self.step)
 

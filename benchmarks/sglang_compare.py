@@ -1,0 +1,97 @@
+"""`reference/train.py --compare sync,tail --rollout sglang` against two real SGLang servers serving the
+default model, written to RESULTS.md.
+
+    make sglang   # once: the real SGLang environment
+    .venv/bin/python benchmarks/sglang_compare.py [--steps 3] [--prompts 4] [--samples 4] [--max-tokens 64]
+
+Starts two SGLang 0.5.23 servers (on a machine without CUDA: its CPU flags, float32) serving
+SmolLM2-135M-Instruct, then trains both policies from the same initial weights and seed against them,
+weights sent each step in buckets over SGLang's distributed path (gloo on CPU), and records each
+policy's mean step time and its stages, side by side.  Both policies run on the same servers, model,
+sizes and machine: the ratio is like for like; the absolute seconds are this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from results_md import write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+STAGES = ("rollout_s", "reward_s", "train_exposed_s", "sync_s", "step_s")
+
+
+def mean(records: list[dict], key: str) -> float:
+    return sum(r[key] for r in records) / len(records)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from sglang_helpers import SGLANG_HINT, sglang_python
+
+    from rollpacker.backends.models import default_model_dir
+    from rollpacker.backends.sglang.launch import launch_servers
+
+    python = sglang_python()
+    if python is None:
+        raise SystemExit(SGLANG_HINT)
+    model = str(default_model_dir())
+    out = Path(args.out or tempfile.mkdtemp(prefix="rollpacker-sglang-compare-"))
+    started = time.monotonic()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with launch_servers(model, num_servers=2, kind="sglang", python=python, env=env, timeout_s=1200) as group:
+        ready_s = time.monotonic() - started
+        print(f"2 SGLang servers ready in {ready_s:.0f} s: {group.urls}", flush=True)
+        cmd = [sys.executable, str(ROOT / "reference" / "train.py"), "--compare", "sync,tail", "--out", str(out),
+               "--steps", str(args.steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
+               "--max-tokens", str(args.max_tokens), "--seed", str(args.seed), "--rollout", "sglang",
+               "--sglang-urls", *group.urls, "--weight-sync", "nccl"]
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, cwd=ROOT)
+    runs = {name: [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("sync", "tail")}
+    return {"out": str(out), "servers_ready_s": ready_s, "runs": runs}
+
+
+def report(args: argparse.Namespace, result: dict) -> str:
+    runs = result["runs"]
+    rows = ["| policy | " + " | ".join(STAGES) + " | mean reward | trained prompts |", "|---" * (len(STAGES) + 3) + "|"]
+    for name, rs in runs.items():
+        rows.append(f"| {name} | " + " | ".join(f"{mean(rs, k):.1f}" for k in STAGES)
+                    + f" | {mean(rs, 'mean_reward'):.3f} | {sum(r['trained_prompts'] for r in rs)} |")
+    ratio = mean(runs["sync"], "step_s") / mean(runs["tail"], "step_s")
+    rollout = mean(runs["sync"], "rollout_s") / mean(runs["tail"], "rollout_s")
+    return (f"`benchmarks/sglang_compare.py --steps {args.steps} --prompts {args.prompts} --samples {args.samples} "
+            f"--max-tokens {args.max_tokens} --seed {args.seed}`: two real SGLang 0.5.23 servers (CPU flags, "
+            f"float32) serving SmolLM2-135M-Instruct, the TorchTitan trainer, weights synced each step over "
+            f"SGLang's distributed path (gloo); machine: {platform.machine()}, {os.cpu_count()} cores "
+            f"(shared with other jobs while it ran: the seconds are this run's, the ratio is side by side). "
+            f"Servers ready in {result['servers_ready_s']:.0f} s. Mean seconds per step:\n\n"
+            + "\n".join(rows)
+            + f"\n\nsync/tail: **{ratio:.2f}x** per step, {rollout:.2f}x rollout, one seed, {args.steps} steps each.\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="run directory (default: a new temporary one)")
+    args = ap.parse_args()
+    text = report(args, run(args))
+    print(text)
+    write_section("Sync vs tail on real SGLang servers (issue 29)", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""reference/train.py --rollout sglang end to end against two servers on 127.0.0.1 serving the tiny
+random Llama, once `rollpacker serve` and once real SGLang (`sglang`-marked; skipped until `make
+sglang`): sync and tail, weights synced each step in buckets (gloo), every prompt trained once; the
+servers' greedy tokens after the run equal those of the trainer's last checkpoint; Ctrl-C, then --resume
+with a fresh weight-sync group (the servers still hold the killed trainer's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+
+import pytest
+from sglang_helpers import KINDS, collect, request, servers_of, tiny_model
+from test_faults import start_train, trained_keys, wait_for_saved_step
+from test_reference_train import records, run_train
+
+from rollpacker.backends.sglang.client import SGLangEngine
+from rollpacker.train.outputs import RunDir
+
+NUM_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def model() -> str:
+    return tiny_model()
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def servers(request, model):
+    yield from servers_of(request.param, model)
+
+
+def train_args(model: str, servers, out, policy: str, steps: int) -> list:
+    return ["--preset", "tiny_debug", "--model", model, "--out", out, "--steps", steps, "--policy", policy,
+            "--max-tokens", 24, "--rollout", "sglang", "--sglang-urls", *servers.urls,
+            "--weight-sync", "nccl", "--weight-sync-bucket-mb", "1"]
+
+
+def weight_versions(servers) -> list[str]:
+    versions = []
+    for url in servers.urls:
+        with urllib.request.urlopen(url + "/model_info", timeout=30) as resp:
+            versions.append(str(json.loads(resp.read())["weight_version"]))
+    return versions
+
+
+def servers_match_the_checkpoint(servers, model: str, checkpoint) -> None:
+    """Greedy tokens of each server equal those of an embedded engine holding the checkpoint."""
+    from safetensors.torch import load_file
+
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
+
+    weights = {}
+    for f in sorted(checkpoint.glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    with EmbeddedEngine(model, capacity=2, dtype="float32", stop_token_ids=()) as engine:
+        engine.update_weights(weights, version=1)
+        engine.submit([request(0, max_new=NUM_NEW)])
+        want = collect(engine, 1)[0]["rp000000000000"].token_ids
+    with SGLangEngine(servers.urls, expected_model=model) as engine:
+        for k, url in enumerate(engine.urls):
+            engine.submit([request(900 + k, max_new=NUM_NEW)], server=url)
+        results, _ = collect(engine, len(engine.urls), timeout_s=120)
+    assert [results[f"rp{900 + k:012d}"].token_ids for k in range(len(servers.urls))] == [want] * len(servers.urls)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("policy", ["sync", "tail"])
+def test_sync_and_tail_train_every_prompt_once_and_the_servers_hold_the_trainers_weights(servers, model, tmp_path,
+                                                                                         policy):
+    out = tmp_path / policy
+    run_train(*train_args(model, servers, out, policy, steps=3), timeout=800)
+    rs = records(out)
+    assert [r["step"] for r in rs] == [0, 1, 2]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 3 * 2, "a prompt was lost or trained twice"
+    assert all(r["on_policy_fraction"] == 1.0 and r["weight_sync_buckets"] > 1 for r in rs)
+    assert weight_versions(servers) == ["3", "3"]  # one sync after each step
+    servers_match_the_checkpoint(servers, model, out / "checkpoints" / "step_3")
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_then_resume_rejoins_the_running_servers_and_trains_every_prompt_once(servers, model, tmp_path):
+    out = tmp_path / "run"
+    proc = start_train(*train_args(model, servers, out, "tail", steps=4))
+    wait_for_saved_step(out, 1, proc, timeout_s=500)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    assert RunDir(out).saved_step() >= 1
+    run_train("--resume", out, timeout=800)  # a new weight group: the old one is still on the servers
+    assert [r["step"] for r in records(out)] == [0, 1, 2, 3]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 4 * 2, "a prompt was lost or trained twice"
+    assert weight_versions(servers) == ["4", "4"]
+    servers_match_the_checkpoint(servers, model, out / "checkpoints" / "step_4")
