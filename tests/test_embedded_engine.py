@@ -324,3 +324,17 @@ def test_engine_forwards_make_no_future_warning(tiny):
             results, _ = run_all(engine, [Req(f"r{k}", prompt, 12, temperature=0.0, group="p") for k in range(3)])
     assert all(len(r.token_ids) == 12 or r.finish_reason == "stop" for r in results.values())
     assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
+
+
+def test_a_conversion_that_loses_the_race_leaves_no_copy_behind(tiny, tmp_path):
+    """Two runs that convert the default model at once: the second finds the directory taken and
+    removes its own temporary copy (half a gigabyte for the default model), keeping the first."""
+    from rollpacker.backends.models import is_converted, save_once
+
+    model, tokenizer = tiny
+    target = tmp_path / "models" / "m"
+    assert save_once(model, tokenizer, target) == target and is_converted(target)
+    stamp = (target / "model.safetensors").stat().st_mtime_ns
+    assert save_once(model, tokenizer, target) == target
+    assert [p.name for p in target.parent.iterdir()] == ["m"]
+    assert (target / "model.safetensors").stat().st_mtime_ns == stamp
