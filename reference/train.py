@@ -199,8 +199,9 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
         else:
             phase(f"saving the initial state in {run_dir.path / 'state'} (a kill during step 0 resumes from it)")
             session.save()  # a kill during the first step resumes from here
-        print(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "
-              f"{len(session.prompts)} prompts, model {session.model_dir}")
+        phase(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} "
+              f"max_tokens={config.max_tokens}, {len(session.prompts)} prompts, model {session.model_dir}; step "
+              f"{session.step} starts")
         while session.step < config.steps:
             bars.begin_step(session.step)
             record = session.run_step()
