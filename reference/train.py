@@ -1,6 +1,6 @@
 """rollpacker reference trainer: GRPO-style RL post-training with tail batching, end to end.
 
-    make train                                     # SmolLM2-135M-Instruct on CPU, ~10 minutes
+    make train                                     # SmolLM2-135M-Instruct on CPU, ~14 minutes on 2 cores
     python reference/train.py --steps 20 --policy sorted --out runs/sorted
     python reference/train.py --compare sync,tail --out runs/compare
     python reference/train.py --dataset data.parquet --reward math   # your data (veRL layout), see README
