@@ -1,6 +1,6 @@
 """rollpacker reference trainer: GRPO-style RL post-training with tail batching, end to end.
 
-    make train                                     # SmolLM2-135M-Instruct on CPU, ~10 minutes
+    make train                                     # SmolLM2-135M-Instruct on CPU, ~14 minutes on 2 cores
     python reference/train.py --steps 20 --policy sorted --out runs/sorted
     python reference/train.py --compare sync,tail --out runs/compare
     python reference/train.py --dataset data.parquet --reward math   # your data (veRL layout), see README
@@ -44,7 +44,7 @@ try:
     from rollpacker.train.config import SECTIONS, RunConfig, parse
     from rollpacker.train.nodes import start_ranks
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
-    from rollpacker.train.progress import StageBars, step_line
+    from rollpacker.train.progress import Phases, StageBars, step_line
     from rollpacker.train.ranks import on_rank0
     from rollpacker.train.session import Session, follower_main, init_distributed_env
 except ModuleNotFoundError as _exc:
@@ -187,26 +187,30 @@ def _field(config: RunConfig, name: str):
 
 def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume: bool = False) -> list[dict]:
     bars = StageBars(config.prompts * config.samples, disable=not sys.stderr.isatty())
+    phase = Phases()
     scheduler_state = run_dir.load_scheduler() if resume else None
-    session = Session(config, run_dir, policy, scheduler_state, on_progress=bars.update)
+    session = Session(config, run_dir, policy, scheduler_state, on_progress=bars.update, on_phase=phase)
     try:
         if resume:
+            phase(f"loading the saved trainer state of {run_dir.path}")
             session.restore_trainer(run_dir.state_dir())
             run_dir.truncate_to(session.step)  # an interrupted step is played again
             print(f"resumed {run_dir.path} at step {session.step} with its saved config (only --steps may change)")
         else:
+            phase(f"saving the initial state in {run_dir.path / 'state'} (a kill during step 0 resumes from it)")
             session.begin()  # the rollout on the initial weights, the state saved
-        print(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "
-              f"{len(session.prompts)} prompts, model {session.model_dir}")
+        phase(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} "
+              f"max_tokens={config.max_tokens}, {len(session.prompts)} prompts, model {session.model_dir}; step "
+              f"{session.step} starts")
         while session.step < config.steps:
             bars.begin_step(session.step)
             record = session.run_step()
             bars.close()
+            print(step_line(record), flush=True)  # before any write: a signal or a full disk in the save keeps it
             run_dir.log_step(record)
             run_dir.plot_timeline(session.loop.last_timeline, record, session.engine.capacity)
             session.check_rewards(record)  # every reward failed: stop before the save, so a resume plays it again
             session.save()
-            print(step_line(record), flush=True)
         session.save_hf()
         run_dir.plot_summary()
         return run_dir.records()

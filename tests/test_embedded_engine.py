@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 
 import pytest
 import torch
@@ -308,3 +309,32 @@ def test_speculation_default_is_on_in_the_tail_on_cuda(tiny):
     model, _ = load_model(tiny_random_llama(), device="cuda")
     with EmbeddedEngine(model, capacity=4) as engine:
         assert engine._speculator.max_rows == SPEC_MAX_ROWS_CUDA
+
+
+@pytest.mark.timeout(120)
+def test_engine_forwards_make_no_future_warning(tiny):
+    """transformers deprecates `past_key_values` for `cache` (a FutureWarning at every forward that
+    uses the old name, printed before each step of a run): prefill, decode and speculative verify
+    pass the KV cache by the name the model's forward takes."""
+    model, tokenizer = tiny
+    prompt = prompt_ids(tokenizer, "Count to twenty.")
+    with warnings.catch_warnings(record=True) as caught:  # the engine's thread reports here too
+        warnings.simplefilter("always")
+        with EmbeddedEngine(model, capacity=2, spec_max_rows=2, spec_tokens=2) as engine:
+            results, _ = run_all(engine, [Req(f"r{k}", prompt, 12, temperature=0.0, group="p") for k in range(3)])
+    assert all(len(r.token_ids) == 12 or r.finish_reason == "stop" for r in results.values())
+    assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
+
+
+def test_a_conversion_that_loses_the_race_leaves_no_copy_behind(tiny, tmp_path):
+    """Two runs that convert the default model at once: the second finds the directory taken and
+    removes its own temporary copy (half a gigabyte for the default model), keeping the first."""
+    from rollpacker.backends.models import is_converted, save_once
+
+    model, tokenizer = tiny
+    target = tmp_path / "models" / "m"
+    assert save_once(model, tokenizer, target) == target and is_converted(target)
+    stamp = (target / "model.safetensors").stat().st_mtime_ns
+    assert save_once(model, tokenizer, target) == target
+    assert [p.name for p in target.parent.iterdir()] == ["m"]
+    assert (target / "model.safetensors").stat().st_mtime_ns == stamp

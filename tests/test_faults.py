@@ -261,6 +261,7 @@ def test_a_failed_save_is_one_line_keeps_the_previous_state_and_resumes(finished
     proc = subprocess.run([sys.executable, str(TRAIN), "--resume", str(out), "--steps", "2"], cwd=ROOT,
                           capture_output=True, text=True, timeout=200, preexec_fn=_limit_file_size)
     assert_one_clear_line(proc, 2, "saving the state of step 2", f"the previous state in {out / 'state'} is intact")
+    assert any(line.startswith("step   1 ") for line in proc.stdout.splitlines()), proc.stdout  # printed before the save
     assert json.loads((out / "state" / "scheduler.json").read_text())["step"] == 1
     assert not (out / "state.tmp").exists()
     run_train("--resume", out, "--steps", 2, timeout=300)

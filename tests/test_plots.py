@@ -10,9 +10,11 @@ import attrs
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rollpacker.plots.summary import plot_step_summary, wasted_share
-from rollpacker.plots.timeline import EngineTrace, StepTimeline, plot_step_timeline, total_trace
+from rollpacker.plots.timeline import EngineTrace, StepTimeline, plot_step_timeline, step_to_draw, total_trace
 
 
 def random_step(num_requests: int, engines: int, seed: int = 0) -> StepTimeline:
@@ -72,3 +74,40 @@ def test_a_step_with_training_spans_draws_the_trainers_lane(tmp_path):
     plain = png_shape(plot_step_timeline(step, tmp_path / "plain.png"))
     lane = png_shape(plot_step_timeline(attrs.evolve(step, training=spans), tmp_path / "lane.png"))
     assert lane[0] > plain[0] and lane[1] == plain[1], "one more lane, same width"
+
+
+def record(step: int, wasted: int, step_s: float, kind: str = "short") -> dict:
+    return {"step": step, "round": kind, "wasted_tokens": wasted, "generated_tokens": 1000 + wasted,
+            "step_s": step_s, "rollout_s": step_s / 2, "bubble_ratio": 0.1}
+
+
+def test_the_timeline_drawn_is_the_step_that_cut_most_tokens_not_the_last():
+    """The default run ends on a long round with nothing aborted: drawn, it hides tail batching."""
+    run = [record(0, 300, 10.0), record(1, 800, 9.0), record(2, 800, 8.0), record(3, 0, 30.0, "long")]
+    step, why = step_to_draw(run)
+    assert step == 1 and "cut the most tokens" in why and "800 of 1,800 wasted" in why
+    sync = [record(0, 0, 10.0), record(1, 0, 12.0), record(2, 0, 11.0)]  # nothing cut: the slowest shows the tail
+    assert step_to_draw(sync) == (1, "the slowest step (no step wasted any tokens)")
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0.1, 100.0)), min_size=1, max_size=30))
+def test_a_new_step_moves_the_choice_to_itself_or_leaves_it(steps):
+    """What lets a run draw each step as it ends and keep only the chosen one's picture."""
+    run = [record(i, wasted * 100, step_s) for i, (wasted, step_s) in enumerate(steps)]
+    for k in range(1, len(run)):
+        assert step_to_draw(run[: k + 1])[0] in (step_to_draw(run[:k])[0], k)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_directory_keeps_the_timeline_of_the_chosen_step(tmp_path):
+    from rollpacker.driver.step_log import Interval
+    from rollpacker.train.outputs import RunDir
+
+    run = RunDir(tmp_path / "run")
+    drawn = []
+    for rec in [record(0, 300, 10.0), record(1, 800, 9.0), record(2, 0, 30.0, "long")]:
+        run.log_step(rec)
+        intervals = [Interval("r0", 0.0, 2.0, "kept", num_tokens=40), Interval("r1", 0.5, 3.0, "aborted", num_tokens=9)]
+        if run.plot_timeline(intervals, rec, capacity=4) is not None:
+            drawn.append(rec["step"])
+    assert drawn == [0, 1] and (tmp_path / "run" / "timeline.png").is_file()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,6 +68,7 @@ def test_two_step_run_writes_every_output(tiny_model, tmp_path, trainer):
     trained = [k for r in rs for k in r["trained"]]
     assert len(trained) == len(set(trained)) == 4
     assert "step   1" in proc.stdout and "outputs in" in proc.stdout
+    assert_setup_phases_come_before_the_first_step(proc.stdout, trainer)
     for name in ("timeline.png", "summary.png"):
         assert (out / name).stat().st_size > 1000
     assert any((out / "tensorboard").iterdir())
@@ -81,6 +83,26 @@ def test_two_step_run_writes_every_output(tiny_model, tmp_path, trainer):
     assert all(torch.isfinite(p).all() for p in trained_model.parameters())
     had_signal = any(r["nonzero_variance_groups"] > 0 for r in rs)
     assert (max(diffs) > 0) == had_signal
+
+
+SETUP_PHASES = ("reading the prompts", "loading the model", "building the trainer ({trainer})",
+                "starting the rollout engine (embedded)", "starting 1 reward worker", "saving the initial state",
+                "policy tail on cpu")
+
+
+def assert_setup_phases_come_before_the_first_step(stdout: str, trainer: str) -> None:
+    """The minutes before a run's first step (loading, building, the first save) say what they do, a
+    line per phase with the seconds since the run began, in order, before the first step's line."""
+    lines = stdout.splitlines()
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step   0 "))
+    at = []
+    for phase in SETUP_PHASES:
+        (i,) = [i for i, line in enumerate(lines[:first_step]) if phase.format(trainer=trainer) in line]
+        assert re.match(r"\[ *\d+\.\d s\] ", lines[i]), lines[i]
+        at.append(i)
+    assert at == sorted(at), lines[:first_step]
+    seconds = [float(lines[i][1:].split(" s]")[0]) for i in at]
+    assert seconds == sorted(seconds), seconds
 
 
 @pytest.mark.timeout(400)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -50,10 +51,20 @@ def default_gguf_path() -> Path:
     return path
 
 
+def is_converted(directory: Path) -> bool:
+    """Whether `directory` holds a saved HF checkpoint (config and safetensors weights)."""
+    return (directory / "config.json").is_file() and any(directory.glob("*.safetensors"))
+
+
+def default_model_path() -> Path:
+    """Where the default model is (or will be, once converted)."""
+    return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
 def default_model_dir() -> Path:
     """The default model as a safetensors HF directory, converted from the GGUF on first use."""
-    target = cache_dir() / "models" / DEFAULT_MODEL_NAME
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+    target = default_model_path()
+    if is_converted(target):
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,15 +79,22 @@ def default_model_dir() -> Path:
                     delattr(holder, attr)
                 except AttributeError:
                     pass
+    return save_once(model, tokenizer, target)
+
+
+def save_once(model, tokenizer, target: Path) -> Path:
+    """Save `model` and `tokenizer` as `target` unless another process got there first.  Written to
+    a temporary sibling and renamed, so a concurrent or killed conversion never leaves a half-written
+    directory that `is_converted` would accept; the loser of a race removes its copy (the default
+    model's is half a gigabyte)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Write to a temporary sibling and rename, so a concurrent or killed conversion never leaves a
-    # half-written directory that the check above would accept.
-    tmp = Path(tempfile.mkdtemp(prefix=DEFAULT_MODEL_NAME + ".", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     try:
         os.replace(tmp, target)
     except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():
             raise
     return target
@@ -144,7 +162,7 @@ def tiny_random_llama(
     if directory is None:
         directory = cache_dir() / "models" / f"tiny-llama-l{num_layers}-h{hidden_size}-s{seed}"
     directory = Path(directory)
-    if (directory / "config.json").is_file() and any(directory.glob("*.safetensors")):
+    if is_converted(directory):
         return directory
     tokenizer = AutoTokenizer.from_pretrained(default)
     config = LlamaConfig(

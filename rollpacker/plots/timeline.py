@@ -30,6 +30,11 @@ HEATMAP_BINS = 300
 TRAIN_COLORS = ("tab:green", "yellowgreen")
 """Consecutive micro-batches alternate between these; the optimizer step is dark green."""
 TOKEN_COLORS = {"kept": "tab:green", "aborted": "tab:red", "wasted": "tab:orange", "carried": "tab:purple"}
+TOKEN_MEANS = {"kept": "trained this step",
+               "aborted": "partial responses cut off: over-launched requests\nwhose prompt had R, the tail at the round's end",
+               "wasted": "finished, not trained: beyond R, or a prompt\ndeferred to a long round",
+               "carried": "kept for a later step (partial rollouts)"}
+"""What each token fate means, beside the token bar (aborted + wasted are the record's wasted_tokens)."""
 REQUEST_COLORS = {**TOKEN_COLORS, "running": "tab:gray"}
 
 
@@ -81,6 +86,22 @@ class StepTimeline:
     """(start, end, outcome) per request, for the per-request view of a small step."""
     training: tuple[tuple[float, float, str], ...] = ()
     """(start, end, what) of each trainer job (micro-batches, the optimizer step): the training lane."""
+
+
+def step_to_draw(records: Sequence[Mapping]) -> tuple[int, str]:
+    """The step whose timeline shows the policy at work, and why it is that one, from the steps'
+    records (metrics.jsonl): the one that cut the most tokens from its rollout (`wasted_tokens`: the
+    short rounds of tail batching, the aborts of sorted and partial), else (sync, or a run whose
+    rounds all ran to the end) the slowest.  Ties go to the earlier step, so adding a record moves the
+    choice to that step or leaves it where it was: a run can draw each step as it ends and keep the
+    picture only when the new step is chosen."""
+    cut = [r for r in records if r.get("wasted_tokens", 0) > 0]
+    if cut:
+        best = max(cut, key=lambda r: r["wasted_tokens"])
+        return best["step"], (f"the step that cut the most tokens from its rollout "
+                              f"({best['wasted_tokens']:,} of {best.get('generated_tokens', 0):,} wasted)")
+    slowest = max(records, key=lambda r: r.get("step_s", 0.0))
+    return slowest["step"], "the slowest step (no step wasted any tokens)"
 
 
 def total_trace(engines: Sequence[EngineTrace]) -> EngineTrace:
@@ -193,6 +214,10 @@ def _tokens(ax, tokens: Mapping[str, int]) -> None:
         left += n
     ax.set_xlim(0, max(total, 1))
     ax.set_yticks([])
+    shown = [name for name in TOKEN_COLORS if tokens.get(name, 0) > 0 and name != "kept"]
+    if shown:
+        ax.text(1.005, 0.5, "\n".join(f"{name}: {TOKEN_MEANS[name]}" for name in shown), transform=ax.transAxes,
+                fontsize=6.5, va="center")
     ax.set_xlabel(f"generated tokens this step: {total:,} "
                   f"({', '.join(f'{k} {tokens.get(k, 0):,}' for k in TOKEN_COLORS if tokens.get(k, 0))})", fontsize=8)
 

@@ -2,7 +2,8 @@
 
     RUN_DIR/metrics.jsonl          one JSON record per step (field names shared with `rollpacker simulate`)
     RUN_DIR/tensorboard/           TensorBoard events of every numeric metric
-    RUN_DIR/timeline.png           the last step: running requests against capacity, aborts, the trainer's lane, token split
+    RUN_DIR/timeline.png           the step that shows the policy (plots.timeline.step_to_draw): running
+                                   requests against capacity, aborts, the trainer's lane, token split
     RUN_DIR/summary.png            step times, tokens/s, wasted-token share and mean reward per step
     RUN_DIR/checkpoints/step_N/    HF-format checkpoint (safetensors + config + tokenizer)
     RUN_DIR/state/                 resumable state: trainer (DCP), scheduler (JSON), run config, and
@@ -211,11 +212,15 @@ class RunDir:
 
     # -- plots -----------------------------------------------------------------------------------
 
-    def plot_timeline(self, intervals, record: dict, capacity: int) -> Path:
+    def plot_timeline(self, intervals, record: dict, capacity: int) -> Path | None:
         """The step's occupancy picture (rollpacker.plots.timeline) from the loop's request intervals
-        and the step's record (its rollout_s is the round's end)."""
-        from rollpacker.plots.timeline import EngineTrace, StepTimeline, plot_step_timeline
+        and the step's record (its rollout_s is the round's end), drawn when the step (logged) is the
+        run's `step_to_draw` so far; None when it is not."""
+        from rollpacker.plots.timeline import EngineTrace, StepTimeline, plot_step_timeline, step_to_draw
 
+        chosen, why = step_to_draw(self.records())
+        if chosen != record["step"]:
+            return None
         round_end = record["rollout_s"]
         training = tuple((start, stop, what) for start, stop, what in record.get("train_spans", ()))
         end = max([record.get("step_s", 0.0), round_end] + [i.end or i.start for i in intervals]
@@ -226,7 +231,8 @@ class RunDir:
                 tokens[i.outcome] += i.num_tokens
         timeline = StepTimeline(
             title=f"step {record['step']} ({record.get('round', '?')} round): {len(intervals)} requests, "
-                  f"rollout {round_end:.1f} s, bubble {record.get('bubble_ratio', 0.0):.1%}",
+                  f"rollout {round_end:.1f} s, bubble {record.get('bubble_ratio', 0.0):.1%}\n"
+                  f"drawn as {why}",
             engines=(EngineTrace.from_spans("engine", [(i.start, i.end) for i in intervals], capacity, end),),
             round_end=round_end, step_end=end,
             aborts=tuple((i.end, 0) for i in intervals if i.outcome == "aborted" and i.end is not None),

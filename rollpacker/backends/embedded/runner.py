@@ -37,6 +37,7 @@ Theory of operation
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import time
 
@@ -123,6 +124,13 @@ class SlotCache:
             buf[dst, :, :num_cols] = buf[src, :, :num_cols]
 
 
+def cache_kwarg(decoder) -> str:
+    """The name under which `decoder.forward` takes its KV cache: `cache` in the transformers releases
+    that renamed it (there `past_key_values` is deprecated, removed in 5.40, and warns with a
+    FutureWarning at every call), `past_key_values` in the earlier ones."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
 class _Graph:
     """One captured decode forward with its static inputs and output."""
 
@@ -154,6 +162,7 @@ class Runner:
             raise ValueError(f"attention must be 'matmul' or 'sdpa', got {attention!r}")
         self.model = model
         self.decoder = model.get_decoder()
+        self.cache_kwarg = cache_kwarg(self.decoder)
         self.lm_head = model.get_output_embeddings()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -293,7 +302,7 @@ class Runner:
         self.cache.plan(lo, lo + b, positions, read_len)
         with self._own_attention():
             out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions,
-                               past_key_values=self.cache, use_cache=True)
+                               use_cache=True, **{self.cache_kwarg: self.cache})
         return out.last_hidden_state
 
     @contextlib.contextmanager
