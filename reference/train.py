@@ -41,6 +41,7 @@ def missing_package(exc: ModuleNotFoundError) -> int:
 
 try:
     from rollpacker.core.errors import ConfigError, RollpackerError
+    from rollpacker.plugins import SAVED_KEY, check_registered
     from rollpacker.train.config import SECTIONS, RunConfig, parse
     from rollpacker.train.nodes import start_ranks
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
@@ -151,8 +152,11 @@ def resumed_config(flags: RunConfig, argv: list[str]) -> RunConfig:
     """The saved config of the run being resumed; --steps may change how far it goes, and a flag
     that would change the run (--policy, --lr, ...) is refused rather than ignored."""
     saved = RunDir(flags.resume).load_config_dict()
+    check_registered(saved, f"--resume {flags.resume}")  # a plugin's policy, engine or trainer: its module imported
     config = parse(["--preset", "smollm2_cpu_tail"])  # typed defaults, then the saved values
     for key, value in saved.items():
+        if key == SAVED_KEY:
+            continue
         if key in SECTIONS:  # a knob the saved run predates takes the default of its class
             value = SECTIONS[key](**value)
         elif key in ("out", "resume", "dataset") and value is not None:

@@ -7,6 +7,7 @@ fails here, before any generation.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from rollpacker.core import Scheduler
 from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import RewardJob
 from rollpacker.driver import LoopConfig, StepLoop, sync_weights
+from rollpacker.plugins import SAVED_KEY, plugin_modules
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
@@ -197,8 +199,10 @@ class Session:
             f"on reward 0")
 
     def save(self) -> None:
-        """Resumable state after a finished step, and an HF checkpoint of its weights."""
-        self.run_dir.save_state(self.config, self.scheduler.to_dict(), self.trainer)
+        """Resumable state after a finished step; the config is
+        saved with the plugin modules the run needs (a resume without them names them)."""
+        config = dataclasses.asdict(self.config) | {SAVED_KEY: plugin_modules()}
+        self.run_dir.save_state(config, self.scheduler.to_dict(), self.trainer)
 
     def save_hf(self) -> Path:
         return self.run_dir.save_hf_checkpoint(self.step, self.trainer.export_weights(), self.model_dir)
