@@ -67,12 +67,12 @@ def main(argv: list[str]) -> int:
     config = parse(argv)
     rank, world = init_distributed_env()
     if world > 1:  # under torchrun, on one node or several (README: Multi-node)
+        config.check_dist_timeout()  # the process group's timeout, before it is made
         start_ranks(config.resume or config.out, "--resume" if config.resume else "--out", config.dist_timeout_s)
     if config.resume is not None:  # one trainer per directory, and its state whole, before anything is read from it
         on_rank0(lambda: RunDir(config.resume).lock("--resume").check_state())
         config = dataclasses.replace(resumed_config(config, argv), dist_timeout_s=config.dist_timeout_s)
     if world > 1:
-        check_dist_timeout(config)
         config.nproc = world  # torchrun's nodes x processes per node (it refuses a --nproc after the script)
     config.validate()  # bad flags fail here, before any model is loaded
 
@@ -98,13 +98,6 @@ def main(argv: list[str]) -> int:
     print(f"\noutputs in {run_dir.path}/: metrics.jsonl, tensorboard/, timeline.png, summary.png, "
           f"checkpoints/ (HF safetensors), state/ (resume with --resume {run_dir.path})")
     return 0
-
-
-def check_dist_timeout(config: RunConfig) -> None:
-    """Under torchrun a collective may wait for rank 0's longest step."""
-    if config.dist_timeout_s <= config.step_timeout_s:
-        raise ConfigError(f"--dist-timeout-s {config.dist_timeout_s:g} must exceed --step-timeout-s "
-                          f"{config.step_timeout_s:g}: the other ranks wait in a collective while rank 0 runs a step")
 
 
 def ready_to_train(config: RunConfig) -> bool:
