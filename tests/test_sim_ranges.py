@@ -78,6 +78,18 @@ def test_every_numeric_policy_knob_refuses_nan_inf_and_out_of_range(policy, flag
                 f", got {kind(value)!r}"), line
 
 
+@pytest.mark.parametrize("policy,flag,kind", KNOBS, ids=[f"{p}.{f}" for p, f, _ in KNOBS])
+def test_the_trainer_refuses_the_same_knob_values(policy, flag, kind):
+    """The policy classes check their knobs, so reference/train.py's --POLICY.KNOB flags refuse them too."""
+    from rollpacker.train.config import parse
+
+    name = flag.replace("-", "_")
+    for value in bad_values(kind):
+        config = parse(["--preset", "tiny_debug", "--device", "cpu", "--policy", policy, f"--{policy}.{flag}={value}"])
+        with pytest.raises(ConfigError, match=f"^{name} must be .*, got {kind(value)!r}$"):
+            config.validate()
+
+
 @pytest.mark.parametrize("name,kind", CONFIG_FIELDS, ids=[n for n, _ in CONFIG_FIELDS])
 def test_every_numeric_run_setting_refuses_nan_inf_and_out_of_range(name, kind, capsys):
     flag = "--" + name.replace("_", "-")

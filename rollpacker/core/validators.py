@@ -66,5 +66,3 @@ fraction = config_check("a number in (0, 1]", *NUMBER, gt(0), le(1))
 """A share of something that must not be empty (a memory fraction, an MFU)."""
 probability = config_check("a number in [0, 1)", *NUMBER, ge(0), lt(1))
 """A chance or a share kept back that must leave something (a hang rate, a watermark)."""
-share = config_check("a number in [0, 1]", *NUMBER, ge(0), le(1))
-"""A share that may be all or nothing."""
