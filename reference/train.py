@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,6 +42,7 @@ try:
     from rollpacker.core.errors import ConfigError, RollpackerError
     from rollpacker.plugins import SAVED_KEY, check_registered
     from rollpacker.train.config import SECTIONS, RunConfig, parse
+    from rollpacker.train.launch import launch_local
     from rollpacker.train.nodes import start_ranks
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
     from rollpacker.train.progress import StageBars, step_line
@@ -86,8 +86,7 @@ def main(argv: list[str]) -> int:
     try:
         if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
             rest = [a for i, a in enumerate(argv) if not a.startswith("--nproc") and not (i and argv[i - 1] == "--nproc")]
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc}", __file__, *rest]
-            return subprocess.call(cmd, env={**os.environ, LOCK_HOLDER_ENV: str(os.getpid())})
+            return launch_local(config.nproc, __file__, rest, {LOCK_HOLDER_ENV: str(os.getpid())})
         if config.compare:
             return compare(config)
         train(config, run_dir, resume=config.resume is not None)

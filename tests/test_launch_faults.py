@@ -30,3 +30,18 @@ def test_a_bad_dist_timeout_with_nproc_is_one_line_once_before_torchrun(tiny_mod
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip() == line, proc.stderr[-3000:]  # no torchrun banner, no per-rank copies, no traceback
     assert not out.exists(), "refused before --out was taken"
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_fails_after_launch_is_its_line_and_exit_code_without_torchruns_traceback(tiny_model, tmp_path):  # noqa: F811
+    """Rank 0 finds the rollout server down after the ranks started: its one line, exit 2; the follower
+    is released (no "lost rank 0" line) and torchrun's traceback of the failed child is not printed."""
+    proc = subprocess.run([sys.executable, str(TRAIN), "--preset", "tiny_debug", "--model", str(tiny_model),
+                           "--trainer", "torch", "--nproc", "2", "--rollout", "sglang", "--sglang-urls",
+                           "http://127.0.0.1:1", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert line.startswith("error: server http://127.0.0.1:1: /health unreachable"), line
+    assert "OMP_NUM_THREADS" not in proc.stderr  # torchrun's banner: the launcher sets it as torchrun would

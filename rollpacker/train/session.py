@@ -117,8 +117,13 @@ class Session:
         self.trainer = config.trainer_options().build(context)
         if init_distributed_env()[1] > 1:
             self.trainer = LeaderTrainer(self.trainer)
-        self.engine = config.rollout_options().build(context)
-        self.rewards = rewards.build()
+        try:
+            self.engine = config.rollout_options().build(context)  # e.g. a server that does not answer
+            self.rewards = rewards.build()
+        except BaseException:  # the followers wait for rank 0's first call: release them (they exit 0), so
+            if isinstance(self.trainer, LeaderTrainer):  # rank 0's line is the only one
+                self.trainer.stop()
+            raise
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
                              LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,
                                         step_timeout_s=config.step_timeout_s, colocate=config.colocate),
