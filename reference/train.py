@@ -40,13 +40,14 @@ def missing_package(exc: ModuleNotFoundError) -> int:
 
 try:
     from rollpacker.core.errors import ConfigError, RollpackerError
-    from rollpacker.plugins import SAVED_KEY, check_registered
+    from rollpacker.plugins import SAVED_KEY
     from rollpacker.train.config import SECTIONS, RunConfig, parse
     from rollpacker.train.launch import launch_local
     from rollpacker.train.nodes import start_ranks
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
     from rollpacker.train.progress import StageBars, step_line
     from rollpacker.train.ranks import on_rank0
+    from rollpacker.train.registry import check_registered
     from rollpacker.train.session import Session, follower_main, init_distributed_env
 except ModuleNotFoundError as _exc:
     sys.exit(missing_package(_exc))

@@ -47,23 +47,6 @@ def load_plugins() -> list[str]:
     return names
 
 
-def check_registered(saved: dict, where: str) -> None:
-    """A saved run's policy, rollout engine and trainer are registered here; one that is not came from
-    a plugin module not imported now: a ConfigError naming the variable to set, and the modules the
-    run was started with when its config has them (`SAVED_KEY`)."""
-    from rollpacker.core.policies import POLICIES
-    from rollpacker.train.registry import ROLLOUTS, TRAINERS
-
-    for kind, registry in (("policy", POLICIES), ("rollout", ROLLOUTS), ("trainer", TRAINERS)):
-        name = saved.get(kind)
-        if name is not None and name not in registry:
-            modules = saved.get(SAVED_KEY)
-            setting = f"{PLUGINS_ENV}={','.join(modules)}" if modules else \
-                f"{PLUGINS_ENV} to the module that registers it"
-            raise ConfigError(f"{where}: the run's --{kind} {name!r} is not registered here (it came from a plugin "
-                              f"module): set {setting} and run again")
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else "(no message)"
