@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -41,11 +40,14 @@ def missing_package(exc: ModuleNotFoundError) -> int:
 
 try:
     from rollpacker.core.errors import ConfigError, RollpackerError
+    from rollpacker.plugins import SAVED_KEY
     from rollpacker.train.config import SECTIONS, RunConfig, parse
+    from rollpacker.train.launch import launch_local
     from rollpacker.train.nodes import start_ranks
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
     from rollpacker.train.progress import Phases, StageBars, step_line
     from rollpacker.train.ranks import on_rank0
+    from rollpacker.train.registry import check_registered
     from rollpacker.train.session import Session, follower_main, init_distributed_env
 except ModuleNotFoundError as _exc:
     sys.exit(missing_package(_exc))
@@ -66,12 +68,12 @@ def main(argv: list[str]) -> int:
     config = parse(argv)
     rank, world = init_distributed_env()
     if world > 1:  # under torchrun, on one node or several (README: Multi-node)
+        config.check_dist_timeout()  # the process group's timeout, before it is made
         start_ranks(config.resume or config.out, "--resume" if config.resume else "--out", config.dist_timeout_s)
     if config.resume is not None:  # one trainer per directory, and its state whole, before anything is read from it
         on_rank0(lambda: RunDir(config.resume).lock("--resume").check_state())
         config = dataclasses.replace(resumed_config(config, argv), dist_timeout_s=config.dist_timeout_s)
     if world > 1:
-        check_dist_timeout(config)
         config.nproc = world  # torchrun's nodes x processes per node (it refuses a --nproc after the script)
     config.validate()  # bad flags fail here, before any model is loaded
 
@@ -85,8 +87,7 @@ def main(argv: list[str]) -> int:
     try:
         if config.nproc > 1 and world == 1:  # re-launch ourselves under torchrun (which owns --nproc*)
             rest = [a for i, a in enumerate(argv) if not a.startswith("--nproc") and not (i and argv[i - 1] == "--nproc")]
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={config.nproc}", __file__, *rest]
-            return subprocess.call(cmd, env={**os.environ, LOCK_HOLDER_ENV: str(os.getpid())})
+            return launch_local(config.nproc, __file__, rest, {LOCK_HOLDER_ENV: str(os.getpid())})
         if config.compare:
             return compare(config)
         train(config, run_dir, resume=config.resume is not None)
@@ -97,13 +98,6 @@ def main(argv: list[str]) -> int:
     print(f"\noutputs in {run_dir.path}/: metrics.jsonl, tensorboard/, timeline.png, summary.png, "
           f"checkpoints/ (HF safetensors), state/ (resume with --resume {run_dir.path})")
     return 0
-
-
-def check_dist_timeout(config: RunConfig) -> None:
-    """Under torchrun a collective may wait for rank 0's longest step."""
-    if config.dist_timeout_s <= config.step_timeout_s:
-        raise ConfigError(f"--dist-timeout-s {config.dist_timeout_s:g} must exceed --step-timeout-s "
-                          f"{config.step_timeout_s:g}: the other ranks wait in a collective while rank 0 runs a step")
 
 
 def ready_to_train(config: RunConfig) -> bool:
@@ -151,8 +145,11 @@ def resumed_config(flags: RunConfig, argv: list[str]) -> RunConfig:
     """The saved config of the run being resumed; --steps may change how far it goes, and a flag
     that would change the run (--policy, --lr, ...) is refused rather than ignored."""
     saved = RunDir(flags.resume).load_config_dict()
+    check_registered(saved, f"--resume {flags.resume}")  # a plugin's policy, engine or trainer: its module imported
     config = parse(["--preset", "smollm2_cpu_tail"])  # typed defaults, then the saved values
     for key, value in saved.items():
+        if key == SAVED_KEY:
+            continue
         if key in SECTIONS:  # a knob the saved run predates takes the default of its class
             value = SECTIONS[key](**value)
         elif key in ("out", "resume", "dataset") and value is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
-from .validators import positive_number
+from .validators import positive, positive_number
 
 
 @frozen(kw_only=True)
@@ -38,7 +38,7 @@ class ModelShape:
     read_bytes: float = field(validator=positive_number)
     """W_read: weights read per decode step (no input embedding, untied lm_head included)."""
     hidden: int = field(validator=positive_number)
-    dtype_bytes: int = 2
+    dtype_bytes: int = field(default=2, validator=positive)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -18,12 +18,15 @@ from .constants import MODELS, SimConstants
 from .simulation import Simulation
 from .workloads import BUILTIN
 
+TRUE, FALSE = ("on", "true", "1", "yes"), ("off", "false", "0", "no")
+
+
 def on_off(raw: str) -> bool:
     """A boolean flag value: on/off, true/false, 1/0."""
     value = raw.lower()
-    if value not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+    if value not in TRUE + FALSE:
         raise argparse.ArgumentTypeError(f"expected on or off, got {raw!r}")
-    return value in ("on", "true", "1", "yes")
+    return value in TRUE
 
 
 def knob_flags() -> dict[str, list[tuple[str, Knob]]]:
@@ -74,9 +77,14 @@ def chosen_knobs(args: argparse.Namespace) -> dict:
                 continue
             if section.name != args.policy:
                 raise ConfigError(f"{flag} is a knob of policy {section.name!r}, not of --policy {args.policy}")
-            if knobs.setdefault(knob.name, value) != value:
+            if not _same(knobs.setdefault(knob.name, value), value):
                 raise ConfigError(f"{flag} {value} and --{knob.flag} {knobs[knob.name]} set one knob: pass one")
     return knobs
+
+
+def _same(a, b) -> bool:
+    """One knob value given two ways: equal, or both NaN (which the knob's own check then refuses)."""
+    return a == b or (a != a and b != b)
 
 
 def add_parser(sub, name: str) -> argparse.ArgumentParser:
@@ -132,13 +140,19 @@ def constants_from(overrides: list[str]) -> SimConstants:
         fields = {f.name: f for f in attrs.fields(type(part))}
         if name not in fields:
             raise ConfigError(f"--set {item!r}: {section} has no {name!r}; keys: {', '.join(fields)}")
-        current = getattr(part, name)
-        try:
-            value = (raw.lower() in ("1", "true", "yes")) if isinstance(current, bool) else type(current)(raw)
-        except ValueError:
-            raise ConfigError(f"--set {item!r}: {raw!r} is not a {type(current).__name__}") from None
-        constants = attrs.evolve(constants, **{section: attrs.evolve(part, **{name: value})})
+        value = _constant_value(item, getattr(part, name), raw)
+        constants = attrs.evolve(constants, **{section: attrs.evolve(part, **{name: value})})  # checks its range
     return constants
+
+
+def _constant_value(item: str, current, raw: str):
+    """`raw` as a value of the type of the constant it replaces."""
+    kind = type(current)
+    try:
+        return on_off(raw) if kind is bool else kind(raw)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise ConfigError(f"--set {item!r}: {raw!r} is not a{'n' if kind is int else ''} {kind.__name__}"
+                          + (" (on or off)" if kind is bool else "")) from None
 
 
 def config_from(args: argparse.Namespace) -> SimConfig:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import attrs
 from attrs import field, frozen
-from attrs.validators import in_
+from attrs.validators import ge, gt, in_, le, optional
 
-from rollpacker.core import TP_MODES, ConfigError, make_policy
+from rollpacker.core import TP_MODES, make_policy
+from rollpacker.core.validators import INTEGER, NUMBER, config_check, flag_name
 
 from .constants import MODELS
 
-
-def _positive(instance, attribute, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"--{attribute.name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+# Each field named by its flag of `rollpacker simulate` (--dataset-prompts).
+_positive = config_check("an integer >= 1", *INTEGER, ge(1), label=flag_name)
+_seed = config_check("an integer >= 0", *INTEGER, ge(0), label=flag_name)
+_share = config_check("a number in [0, 1]", *NUMBER, ge(0), le(1), label=flag_name)
+_growth = config_check("a finite number > -1", *NUMBER, gt(-1), label=flag_name)
 
 
 @frozen(kw_only=True)
@@ -27,19 +29,19 @@ class SimConfig:
     samples: int = field(default=8, validator=_positive)
     max_tokens: int = field(default=8192, validator=_positive)
     steps: int = field(default=5, validator=_positive)
-    seed: int = 0
+    seed: int = field(default=0, validator=_seed)
     instances: int = field(default=16, validator=_positive)
     """Rollout instances at the starting TP (GPUs = instances x tp)."""
     tp: int = field(default=1, validator=_positive)
     tp_mode: str = field(default="fixed", validator=in_(TP_MODES))
     model: str = field(default="qwen2.5-7b", validator=in_(tuple(MODELS)))
-    dataset_prompts: int | None = None
+    dataset_prompts: int | None = field(default=None, validator=optional(_positive))
     """Prompts in the dataset (default: 16 x prompts, at least the JSONL's count)."""
-    between: float = 0.9
+    between: float = field(default=0.9, validator=_share)
     """Share of log-length variance between prompts (built-in workloads)."""
-    growth: float = 0.0
+    growth: float = field(default=0.0, validator=_growth)
     """Relative growth of lengths per step (built-in workloads)."""
-    bubble_capacity: int | None = None
+    bubble_capacity: int | None = field(default=None, validator=optional(_positive))
     """Q of the bubble ratio (default prompts x samples: SortedRL's engine batch)."""
 
     @property

@@ -1,5 +1,6 @@
 """Every number the simulator uses, with its source.  Override any of them with `attrs.evolve` or
-from the command line (`rollpacker simulate --set train.mfu=0.4`).
+from the command line (`rollpacker simulate --set train.mfu=0.4`); each field checks its range
+(rollpacker.core.validators), so a NaN, an infinity or a value out of range is refused by name.
 
 Sources are the ones each line cites (Vidur profiles, SGLang issues/PRs, FlashAttention-3 and the
 model cards) unless a line says "assumption": those are round figures of ours, not
@@ -8,9 +9,12 @@ measurements, and the results that depend on them say so.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from attrs import field, frozen
 
 from rollpacker.core.cost_model import Hardware, ModelShape
+from rollpacker.core.validators import fraction, non_negative_number, positive, positive_number, probability
 
 from .speculation import SpecConstants
 
@@ -63,43 +67,52 @@ PAPER_SETTINGS = {
 
 @frozen(kw_only=True)
 class EngineConstants:
-    mem_fraction: float = 0.85
+    section: ClassVar[str] = "engine"
+    """Its field of SimConstants: errors name a constant as `--set` does (engine.NAME)."""
+
+    mem_fraction: float = field(default=0.85, validator=fraction)
     """RollPacker's 7B config (gpu_memory_utilization 0.85); SGLang's default is 0.85 at TP4."""
-    max_running: int = 1024
+    max_running: int = field(default=1024, validator=positive)
     """Most running sequences per instance: verl's max_num_seqs default (rollout.yaml)."""
-    admit_watermark: float = 0.01
+    admit_watermark: float = field(default=0.01, validator=probability)
     """Share of the KV pool kept free when admitting: vLLM's watermark default (1%)."""
-    tp_switch_s: float = 10.0
+    tp_switch_s: float = field(default=10.0, validator=non_negative_number)
     """Assumption: re-sharding weights and restarting engines when TP changes between rounds."""
 
 
 @frozen(kw_only=True)
 class RewardConstants:
-    workers: int = 64
+    section: ClassVar[str] = "reward"
+    """Its field of SimConstants: errors name a constant as `--set` does (reward.NAME)."""
+
+    workers: int = field(default=64, validator=positive)
     """Assumption: sandbox workers scoring samples concurrently."""
-    median_s: float = 0.5
+    median_s: float = field(default=0.5, validator=positive_number)
     """Assumption: median verifier / sandbox execution time."""
-    sigma: float = 1.0
+    sigma: float = field(default=1.0, validator=non_negative_number)
     """Assumption: log-normal spread of execution time (a few take tens of seconds)."""
-    hang_rate: float = 0.005
+    hang_rate: float = field(default=0.005, validator=probability)
     """Assumption: share of executions that never return (must be timed out)."""
-    t_min: float = 2.0
+    t_min: float = field(default=2.0, validator=positive_number)
     """RollPacker adaptive timeout: T = min(max(T_min, lambda * T_anchor), T_max)."""
-    scale: float = 1.5
-    t_max: float = 30.0
+    scale: float = field(default=1.5, validator=positive_number)
+    t_max: float = field(default=30.0, validator=positive_number)
 
 
 @frozen(kw_only=True)
 class TrainConstants:
-    flops_per_token_factor: float = 8.0
+    section: ClassVar[str] = "train"
+    """Its field of SimConstants: errors name a constant as `--set` does (train.NAME)."""
+
+    flops_per_token_factor: float = field(default=8.0, validator=positive_number)
     """Forward+backward (6 N) plus the old-policy log-prob forward (2 N) per response token."""
-    peak_flops: float = 989e12
+    peak_flops: float = field(default=989e12, validator=positive_number)
     """H100/H800 SXM dense BF16 peak (NVIDIA datasheet)."""
-    mfu: float = 0.35
+    mfu: float = field(default=0.35, validator=fraction)
     """Assumption: model FLOPs utilisation of FSDP training on H100 (typical 30-45%)."""
-    micro_batch_overhead_s: float = 0.05
+    micro_batch_overhead_s: float = field(default=0.05, validator=non_negative_number)
     """Assumption: launch, gather and synchronisation cost per micro-batch."""
-    optimizer_s: float = 1.0
+    optimizer_s: float = field(default=1.0, validator=non_negative_number)
     """Assumption: optimizer step plus weight sync to the rollout engines."""
     stream: bool = False
     """Micro-batches may start while the round is still generating (RollPacker's stream trainer on

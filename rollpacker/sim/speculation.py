@@ -34,12 +34,14 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import attrs
 from attrs import field, frozen
 
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
+from rollpacker.core.validators import field_name, non_negative
 
 TABLE = Path(__file__).resolve().parents[1] / "data" / "spec_acceptance.json"
 MEASURED = -1.0
@@ -48,13 +50,8 @@ MEASURED = -1.0
 
 def _rate(instance, attribute, value) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0.0 <= value < 1.0 or value == MEASURED):
-        raise ConfigError(f"spec.{attribute.name} must be a number in [0, 1) (or {MEASURED}: the measured table), "
-                          f"got {value!r}")
-
-
-def _count(instance, attribute, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"spec.{attribute.name} must be an integer >= 0, got {value!r}")
+        raise ConfigError(f"{field_name(instance, attribute)} must be a number in [0, 1) (or {MEASURED}: the measured "
+                          f"table), got {value!r}")
 
 
 @frozen
@@ -88,14 +85,17 @@ def measured_table(path: Path = TABLE) -> AcceptanceTable:
 
 @frozen(kw_only=True)
 class SpecConstants:
+    section: ClassVar[str] = "spec"
+    """Its field of SimConstants: errors name a constant as `--set` does (spec.NAME)."""
+
     enabled: bool = False
     """Model speculative decoding in the tail (`--set spec.enabled=true`, or ours-best)."""
     acceptance: float = field(default=MEASURED, validator=_rate)
     """-1: the measured table (accepted drafts per verify by finished-sibling share); a rate in [0, 1):
     a constant per-token acceptance (an assumption, replayed with the independent-acceptance estimate)."""
-    draft_tokens: int = field(default=4, validator=_count)
+    draft_tokens: int = field(default=4, validator=non_negative)
     """k: tokens drafted per row and verify step (the embedded engine's `spec_tokens` default)."""
-    max_rows: int = field(default=4, validator=_count)
+    max_rows: int = field(default=4, validator=non_negative)
     """Speculate only when at most this many requests run on the instance: the embedded engine's own
     rule, `spec_max_rows`, 4 on a GPU (`SPEC_MAX_ROWS_CUDA`)."""
 

@@ -90,12 +90,10 @@ class Workload:
 
 
 class TraceWorkload(Workload):
+    """`between` and `growth` are a SimConfig's (its fields check their ranges)."""
+
     def __init__(self, name: str, output: Marginal, input: Marginal, *, num_prompts: int, seed: int,
                  between: float = 0.9, growth: float = 0.0, max_tokens: int | None = None) -> None:
-        if not 0.0 <= between <= 1.0:
-            raise WorkloadError(f"between (share of variance between prompts) must be in [0, 1], got {between}")
-        if growth <= -1.0:
-            raise WorkloadError(f"growth must be > -1, got {growth}")
         self.name, self.output, self.num_prompts = name, output, num_prompts
         self.between, self.growth, self.max_tokens = between, growth, max_tokens
         rng = np.random.default_rng([seed, 17])

@@ -249,7 +249,19 @@ class RunConfig:
             if not (math.isfinite(value) and above and (high is None or value <= high)):
                 raise ConfigError(f"--{flag.replace('_', '-')} must be {wanted}, got {value}")
 
+    def check_dist_timeout(self) -> None:
+        """--dist-timeout-s (several trainer processes): finite, > 0 and above --step-timeout-s, since
+        the other ranks wait in a collective while rank 0 runs a step."""
+        value = self.dist_timeout_s
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--dist-timeout-s must be > 0, got {value}")
+        if value <= self.step_timeout_s:
+            raise ConfigError(f"--dist-timeout-s {value:g} must exceed --step-timeout-s {self.step_timeout_s:g}: "
+                              f"the other ranks wait in a collective while rank 0 runs a step")
+
     def _check_parallel(self) -> None:
+        if self.nproc > 1:  # checked here, before --nproc launches torchrun: one line, not one per rank
+            self.check_dist_timeout()
         if self.tp < 1 or (self.dp_shard < 1 and self.dp_shard != -1):
             raise ConfigError(f"--tp must be >= 1 and --dp-shard >= 1 or -1, got {self.tp} and {self.dp_shard}")
         shard = self.nproc // self.tp if self.dp_shard == -1 else self.dp_shard

@@ -38,9 +38,8 @@ MARKER_WAIT_S = 5.0
 
 def start_ranks(directory: Path, flag: str, timeout_s: float) -> None:
     """The process group of this torchrun rank, then the shared-directory check of `directory`
-    (`flag` names it in the error: --out, or --resume)."""
-    if not timeout_s > 0:
-        raise ConfigError(f"--dist-timeout-s must be > 0, got {timeout_s}")
+    (`flag` names it in the error: --out, or --resume); `timeout_s` is checked by the caller
+    (RunConfig.check_dist_timeout)."""
     init_process_group(timeout_s)
     check_shared(Path(directory), flag)
 

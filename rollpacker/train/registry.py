@@ -22,6 +22,8 @@ import attrs
 from attrs import frozen
 
 from rollpacker.core.errors import ConfigError
+from rollpacker.core.policies import POLICIES
+from rollpacker.plugins import PLUGINS_ENV, SAVED_KEY
 
 from .rollouts import EmbeddedRollout, SGLangRollout
 from .trainers import TitanTrainerOptions, TorchTrainerOptions
@@ -80,3 +82,17 @@ def options_of(registry: dict, name: str, run) -> Any:
     if check is not None:
         check(run)
     return options
+
+
+def check_registered(saved: dict, where: str) -> None:
+    """A saved run's policy, rollout engine and trainer are registered here; one that is not came from
+    a plugin module not imported now: a ConfigError naming the variable to set, and the modules the
+    run was started with when its saved config has them (rollpacker.plugins.SAVED_KEY)."""
+    for kind, registry in (("policy", POLICIES), ("rollout", ROLLOUTS), ("trainer", TRAINERS)):
+        name = saved.get(kind)
+        if name is not None and name not in registry:
+            modules = saved.get(SAVED_KEY)
+            setting = f"{PLUGINS_ENV}={','.join(modules)}" if modules else \
+                f"{PLUGINS_ENV} to the module that registers it"
+            raise ConfigError(f"{where}: the run's --{kind} {name!r} is not registered here (it came from a plugin "
+                              f"module): set {setting} and run again")

@@ -7,6 +7,7 @@ fails here, before any generation.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from rollpacker.core import Scheduler
 from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import RewardJob
 from rollpacker.driver import LoopConfig, StepLoop, sync_weights
+from rollpacker.plugins import SAVED_KEY, plugin_modules
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
@@ -122,10 +124,15 @@ class Session:
         self.trainer = config.trainer_options().build(context)
         if init_distributed_env()[1] > 1:
             self.trainer = LeaderTrainer(self.trainer)
-        on_phase(f"starting the rollout engine ({config.rollout})")
-        self.engine = config.rollout_options().build(context)
-        on_phase(f"starting {config.reward_workers} reward worker{'s' * (config.reward_workers != 1)}")
-        self.rewards = rewards.build()
+        try:
+            on_phase(f"starting the rollout engine ({config.rollout})")
+            self.engine = config.rollout_options().build(context)  # e.g. a server that does not answer
+            on_phase(f"starting {config.reward_workers} reward worker{'s' * (config.reward_workers != 1)}")
+            self.rewards = rewards.build()
+        except BaseException:  # the followers wait for rank 0's first call: release them (they exit 0), so
+            if isinstance(self.trainer, LeaderTrainer):  # rank 0's line is the only one
+                self.trainer.stop()
+            raise
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
                              LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,
                                         step_timeout_s=config.step_timeout_s, colocate=config.colocate),
@@ -214,8 +221,10 @@ class Session:
             f"on reward 0")
 
     def save(self) -> None:
-        """Resumable state after a finished step, and an HF checkpoint of its weights."""
-        self.run_dir.save_state(self.config, self.scheduler.to_dict(), self.trainer)
+        """Resumable state after a finished step; the config is
+        saved with the plugin modules the run needs (a resume without them names them)."""
+        config = dataclasses.asdict(self.config) | {SAVED_KEY: plugin_modules()}
+        self.run_dir.save_state(config, self.scheduler.to_dict(), self.trainer)
 
     def save_hf(self) -> Path:
         return self.run_dir.save_hf_checkpoint(self.step, self.trainer.export_weights(), self.model_dir)

@@ -61,6 +61,8 @@ def read_rows(path: str | Path, layout: Layout = Layout()) -> list[PromptRow]:
 
 def _load(path: Path):
     """The file as a `datasets.Dataset` (kept in memory; its cache goes to rollpacker's folder)."""
+    if path.is_dir():
+        raise DatasetError(f"--dataset {path}: is a directory; give the .jsonl or .parquet file in it")
     if not path.is_file():
         raise DatasetError(f"--dataset {path}: no such file")
     kind = FORMATS.get(path.suffix.lower())
@@ -76,6 +78,8 @@ def _load(path: Path):
 
     from rollpacker.backends.models import cache_dir
 
+    if kind == "parquet" and _parquet_rows(path) == 0:
+        raise DatasetError(f"--dataset {path}: the file holds no rows (a valid parquet file with 0 rows)")
     datasets.disable_progress_bars()
     try:
         return datasets.load_dataset(kind, data_files=str(path), split="train", keep_in_memory=True,
@@ -84,8 +88,21 @@ def _load(path: Path):
         raise DatasetError(_read_failure(path, kind, exc)) from None
 
 
+def _parquet_rows(path: Path) -> int:
+    """The row count in a parquet file's footer (read before `datasets`, which logs and fails on a
+    file that is not parquet, or has no rows, with no word of why)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a file that is not parquet vary
+        raise DatasetError(_read_failure(path, "parquet", exc)) from None
+
+
 def _read_failure(path: Path, kind: str, exc: Exception) -> str:
     if kind == "json":
+        if not path.read_text(errors="replace").strip():
+            return f"--dataset {path}: the file holds no rows (only blank lines)"
         for number, line in enumerate(path.read_text(errors="replace").splitlines()):
             if not line.strip():
                 continue

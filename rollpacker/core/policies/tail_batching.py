@@ -31,17 +31,13 @@ import math
 import attrs
 import numpy as np
 from attrs import field, frozen
+from attrs.validators import optional
 
 from ..errors import ConfigError
 from ..round_state import LONG, SHORT, Group, PlannerState
 from ..sibling_prediction import groups_to_defer, longest_first
-from ..validators import at_least_one
+from ..validators import at_least_one, fraction, optional_positive
 from .policy_base import PolicyBase, over
-
-
-def _fraction(instance, attribute, value) -> None:
-    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value <= 1.0):
-        raise ConfigError(f"{attribute.name} must be a number in (0, 1] or None, got {value!r}")
 
 
 @frozen(kw_only=True)
@@ -55,11 +51,11 @@ class TailPolicy(PolicyBase):
     """Over-launch factor of responses per prompt in short rounds (1.0: unbiased groups)."""
     predict: bool = False
     """Send prompts predicted long straight to the long queue."""
-    long_round_at: int | None = None
+    long_round_at: int | None = field(default=None, validator=optional_positive)
     """Long-queue size that triggers a long round (default: P)."""
     longest_first: bool = False
     """Long rounds launch their prompts longest-predicted first."""
-    defer_at: float | None = field(default=None, validator=_fraction)
+    defer_at: float | None = field(default=None, validator=optional(fraction))
     """Short rounds: at this share of P complete, defer the live groups predicted longest."""
 
     def __attrs_post_init__(self) -> None:
