@@ -82,12 +82,14 @@ def test_a_state_saved_before_hashes_existed_is_checked_by_size_with_a_warning(f
 def tensorboard_events(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
     """Every scalar in the event files, read back raw: tag -> [(step, value, wall time)] in file order."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
 
     events: dict[str, list[tuple[int, float, float]]] = {}
     for file in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
-        for event in EventFileLoader(str(file)).Load():
+        for event in EventFileLoader(str(file)).Load():  # scalars read as tensors (the loader's data_compat)
             for value in event.summary.value:
-                events.setdefault(value.tag, []).append((event.step, value.simple_value, event.wall_time))
+                events.setdefault(value.tag, []).append((event.step, make_ndarray(value.tensor).item(),
+                                                         event.wall_time))
     return events
 
 

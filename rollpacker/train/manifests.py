@@ -75,7 +75,10 @@ def damaged_file(state: Path, read_json: Callable[[Path], dict]) -> tuple[Path, 
               f"contents (the next save adds it)", file=sys.stderr)
         return None
     for name, digest in read_json(state / HASHES_FILE).get("crc32", {}).items():
-        if file_digest(state / name, "crc32") != digest:
-            return state / name, (f"has changed since it was saved, at the same size (its CRC-32 differs from the "
-                                  f"one in {HASHES_FILE})")
+        path = state / name
+        if not path.is_file():
+            return path, "is missing"
+        if file_digest(path, "crc32") != digest:
+            return path, (f"has changed since it was saved, at the same size (its CRC-32 differs from the one in "
+                          f"{HASHES_FILE})")
     return None

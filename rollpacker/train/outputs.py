@@ -198,9 +198,11 @@ class RunDir:
     def truncate_to(self, steps: int) -> None:
         """Keep the records of the first `steps` steps, in metrics.jsonl and the TensorBoard events
         (after a resume, the interrupted step is played again and logged anew)."""
-        kept = [r for r in self.records() if r["step"] < steps]
+        records = self.records()
+        kept = [r for r in records if r["step"] < steps]
         self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        rewrite_events(self.path / EVENTS_DIR, kept)
+        if len(kept) < len(records):  # events are written after the record: none beyond the records
+            rewrite_events(self.path / EVENTS_DIR, kept)
 
     def log_step(self, record: dict) -> None:
         with self.metrics_path.open("a") as f:
