@@ -8,8 +8,8 @@ in place, at the same size).  CRC-32 (zlib) is made for exactly this, accidental
 tampering, and it is the fastest checksum the standard library has: measured here at 3.4 GB/s on one
 core, where SHA-256 ran at 1.4 and BLAKE2b at 0.6.  On the 1.6 GB state of the default model that is
 under 1 s of a save on an idle core (estimated: 0.5 s of CRC-32 and 0.4 s to read the files back);
-on a 2-core machine loaded by other jobs (measured), 2.3-5.2 s of a
-13-21 s save (14-25%), and 2.6-2.9 s before a resume.
+on a 2-core machine loaded by other jobs (measured), 2.3-5.2 s of a 13-21 s save (14-25%), and
+2.6-2.9 s before a resume.
 
 A state saved before hashes.json existed is checked by size only, with a warning saying so; one
 saved before sizes.json existed is not checked.
