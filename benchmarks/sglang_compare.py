@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out or tempfile.mkdtemp(prefix="rollpacker-sglang-compare-"))
     started = time.monotonic()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with launch_servers(model, num_servers=2, kind="sglang", python=python, env=env, timeout_s=1200) as group:
+    extra = ("--max-total-tokens", str(args.kv_tokens))
+    with launch_servers(model, num_servers=2, kind="sglang", python=python, env=env, timeout_s=1200,
+                        extra_args=extra) as group:
         ready_s = time.monotonic() - started
         print(f"2 SGLang servers ready in {ready_s:.0f} s: {group.urls}", flush=True)
         cmd = [sys.executable, str(ROOT / "reference" / "train.py"), "--compare", "sync,tail", "--out", str(out),
@@ -70,7 +72,7 @@ def report(args: argparse.Namespace, result: dict) -> str:
     ratio = mean(runs["sync"], "step_s") / mean(runs["tail"], "step_s")
     rollout = mean(runs["sync"], "rollout_s") / mean(runs["tail"], "rollout_s")
     return (f"`benchmarks/sglang_compare.py --steps {args.steps} --prompts {args.prompts} --samples {args.samples} "
-            f"--max-tokens {args.max_tokens} --seed {args.seed}`: two real SGLang 0.5.23 servers (CPU flags, "
+            f"--max-tokens {args.max_tokens} --seed {args.seed} --kv-tokens {args.kv_tokens}`: two real SGLang 0.5.23 servers (CPU flags, "
             f"float32) serving SmolLM2-135M-Instruct, the TorchTitan trainer, weights synced each step over "
             f"SGLang's distributed path (gloo); machine: {platform.machine()}, {os.cpu_count()} cores "
             f"(shared with other jobs while it ran: the seconds are this run's, the ratio is side by side). "
@@ -86,6 +88,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-tokens", type=int, default=4096, help="each server's KV cache (--max-total-tokens)")
     ap.add_argument("--out", default=None, help="run directory (default: a new temporary one)")
     args = ap.parse_args()
     text = report(args, run(args))

@@ -101,11 +101,13 @@ def main(argv: list[str]) -> int:
 
 
 def ready_to_train(config: RunConfig) -> bool:
-    """Rank 0 takes --out (not writable, or in use: one line naming it, before any model loads) and
-    says whether there is a step to train."""
+    """Rank 0 takes --out (not writable, or in use: one line naming it, before any model loads),
+    checks the other directories it will write, and says whether there is a step to train."""
     run_dir = RunDir(config.out).lock()
     if not has_work(config, run_dir):
         return False
+    if config.rollout == "sglang":  # --weight-sync disk:DIR can be written
+        config.rollout_options().check_weights_dir()
     run_dir.check_dataset(config.dataset, resume=config.resume is not None)
     return True
 

@@ -227,8 +227,8 @@ def test_a_second_trainer_on_a_live_run_directory_is_refused_naming_the_pid(tiny
 
 # -- a damaged state/: one line naming the file and the way out, before anything loads ------------
 
-STATE_FILES = ("config.json", "scheduler.json", "sizes.json", "trainer/.metadata", "trainer/__0_0.distcp",
-               "trainer/rollpacker_trainer.json")
+STATE_FILES = ("config.json", "hashes.json", "scheduler.json", "sizes.json", "trainer/.metadata",
+               "trainer/__0_0.distcp", "trainer/rollpacker_trainer.json")
 """Every file a 1-step tiny run leaves in state/ (checked against `finished_run`)."""
 
 

@@ -1,18 +1,20 @@
 """The run directory: everything a run leaves behind, in one place.
 
     RUN_DIR/metrics.jsonl          one JSON record per step (field names shared with `rollpacker simulate`)
-    RUN_DIR/tensorboard/           TensorBoard events of every numeric metric
+    RUN_DIR/tensorboard/           TensorBoard events of every numeric metric (equal to metrics.jsonl, resumes included)
     RUN_DIR/timeline.png           the step that shows the policy (plots.timeline.step_to_draw): running
                                    requests against capacity, aborts, the trainer's lane, token split
     RUN_DIR/summary.png            step times, tokens/s, wasted-token share and mean reward per step
     RUN_DIR/checkpoints/step_N/    HF-format checkpoint (safetensors + config + tokenizer)
     RUN_DIR/state/                 resumable state: trainer (DCP), scheduler (JSON), run config, and
-                                   sizes.json (each file's size, checked before a resume reads any)
+                                   sizes.json and hashes.json (each file's size and CRC-32, checked
+                                   before a resume reads any)
     RUN_DIR/run.lock               the PID of the trainer running here (an OS lock while it runs)
 
 State is written to a temporary sibling and renamed, so a kill at any moment leaves either the old
 state or the new one, never half of one.  A state damaged afterwards (a truncated copy, a full disk
-outside the run) is one line naming the file and the way out, not a traceback from the loader.
+outside the run, bytes overwritten in place) is one line naming the file and the way out, not a
+traceback from the loader nor a resume from damaged weights (train/manifests.py).
 
 One process at a time: the trainer holds an `fcntl.flock` on run.lock for its whole life, so a
 second trainer (a new run, a --resume, a --compare) on the same directory is refused with one line
@@ -29,7 +31,6 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -42,11 +43,13 @@ from typing import Any
 
 from rollpacker.core.errors import ConfigError, RollpackerError
 
+from .events import EVENTS_DIR, open_writer, rewrite_events, scalars
+from .manifests import damaged_file, file_digest, write_manifests
+
 STATE = "state"
 SCHEDULER_FILE = "scheduler.json"
 CONFIG_FILE = "config.json"
 DATASET_MARK = "dataset.sha256"
-SIZES_FILE = "sizes.json"
 LOCK_FILE = "run.lock"
 LOCK_HOLDER_ENV = "ROLLPACKER_RUN_LOCK_HOLDER"
 """Set by a trainer that holds the lock for the processes it launches (--nproc: torchrun's rank 0)."""
@@ -120,15 +123,23 @@ def interrupt_after():
         signal.raise_signal(pressed[0])
 
 
+def writable_dir(path: Path, flag: str, parents: bool = True) -> None:
+    """Make `path` (and its missing parents, unless `parents` is False) and write a probe file in it:
+    one line naming `flag` when that fails, before any model loads rather than at the first write."""
+    if not parents and not path.parent.is_dir():
+        raise ConfigError(f"{flag}: {path.parent} does not exist (is the filesystem mounted?); create it first")
+    try:
+        path.mkdir(parents=parents, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_probe"):  # its own name: other ranks probe too
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot write there ({os_reason(exc, path)})") from None
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        try:  # fail here, before any model loads, not at the first save
-            self.path.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.path, prefix=".write_probe"):  # its own name: other ranks probe too
-                pass
-        except OSError as exc:
-            raise ConfigError(f"--out {self.path}: cannot write there ({os_reason(exc, self.path)})") from None
+        writable_dir(self.path, f"--out {self.path}")
         self.metrics_path = self.path / "metrics.jsonl"
         self._tb = None
 
@@ -163,16 +174,13 @@ class RunDir:
         (its prompts would no longer be the ones the saved state counts)."""
         if dataset is None:
             return
-        digest = hashlib.sha256()
-        with open(dataset, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+        digest = file_digest(dataset, "sha256")
         mark = self.path / DATASET_MARK
-        if resume and mark.is_file() and mark.read_text().split()[0] != digest.hexdigest():
+        if resume and mark.is_file() and mark.read_text().split()[0] != digest:
             raise ConfigError(f"--resume {self.path}: the --dataset file {dataset} changed since the run started "
                               f"(sha256 in {mark}); put the original back or start a new run with a fresh --out")
         if not resume:
-            mark.write_text(f"{digest.hexdigest()}  {dataset}\n")
+            mark.write_text(f"{digest}  {dataset}\n")
 
     def saved_step(self) -> int | None:
         """Steps finished in the saved state (None: nothing saved yet)."""
@@ -189,26 +197,22 @@ class RunDir:
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
 
     def truncate_to(self, steps: int) -> None:
-        """Keep the records of the first `steps` steps (after a resume, the interrupted step is
-        played again and logged anew)."""
-        kept = [r for r in self.records() if r["step"] < steps]
+        """Keep the records of the first `steps` steps, in metrics.jsonl and the TensorBoard events
+        (after a resume, the interrupted step is played again and logged anew)."""
+        records = self.records()
+        kept = [r for r in records if r["step"] < steps]
         self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if len(kept) < len(records):  # events are written after the record: none beyond the records
+            rewrite_events(self.path / EVENTS_DIR, kept)
 
     def log_step(self, record: dict) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(_jsonable(record)) + "\n")
-        writer = self._writer()
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                writer.add_scalar(key, value, record["step"])
-        writer.flush()
-
-    def _writer(self):
         if self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.path / "tensorboard"))
-        return self._tb
+            self._tb = open_writer(self.path / EVENTS_DIR)
+        for tag, value in scalars(record):
+            self._tb.add_scalar(tag, value, record["step"])
+        self._tb.flush()
 
     # -- plots -----------------------------------------------------------------------------------
 
@@ -283,8 +287,7 @@ class RunDir:
             trainer.save(tmp / "trainer")
             (tmp / SCHEDULER_FILE).write_text(json.dumps(scheduler))
             (tmp / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=1))
-            sizes = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-            (tmp / SIZES_FILE).write_text(json.dumps(sizes, indent=1))
+            write_manifests(tmp)
         except write_errors() as exc:  # torch reports a full disk as RuntimeError("unexpected pos")
             shutil.rmtree(tmp, ignore_errors=True)
             kept = f"the previous state in {self.path / STATE} is intact" if (self.path / STATE).exists() else \
@@ -315,17 +318,11 @@ class RunDir:
 
     def check_state(self) -> None:
         """Before a resume reads anything: every file the state was saved with is there, at the
-        size it was saved with (a state saved before sizes.json existed is not checked)."""
-        state = self.state_dir()
-        if not (state / SIZES_FILE).is_file():
-            return
-        for name, size in self._read_json(state / SIZES_FILE).items():
-            path = state / name
-            found = path.stat().st_size if path.is_file() else None
-            if found != size:
-                what = ("is missing" if found is None else f"is cut short ({found} of {size} bytes)" if found < size
-                        else f"has {found} bytes, saved with {size}")
-                raise self.corrupt(path, what)
+        size and with the CRC-32 it was saved with (a state saved before sizes.json existed is not
+        checked; one saved before hashes.json, by size only)."""
+        damage = damaged_file(self.state_dir(), self._read_json)
+        if damage is not None:
+            raise self.corrupt(*damage)
 
     def corrupt(self, path: Path, what: str) -> StateCorrupt:
         """The one line for a damaged state file: what is wrong, and how to go on without it."""

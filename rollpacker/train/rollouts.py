@@ -72,8 +72,9 @@ class SGLangRollout:
     """--rollout sglang: how each step's weights reach the servers.  nccl: broadcast from trainer rank 0
     in buckets over SGLang's /update_weights_from_distributed (gloo when the trainer is on CPU, which
     only rollpacker serve accepts); disk:DIR: safetensors written under DIR, a directory every server
-    can read (a shared filesystem across nodes), then /update_weights_from_disk.  Default: disk through
-    a temporary folder on this machine, refused when a server is on another host."""
+    can read (a shared filesystem across nodes), then /update_weights_from_disk; DIR keeps the newest
+    step's copy only (one model's weights; a restarted server can load it).  Default: disk through a
+    temporary folder on this machine, refused when a server is on another host."""
     weight_sync_bucket_mb: int = field(default=512, validator=at_least(1))
     """--weight-sync nccl: most megabytes per bucket (one /update_weights_from_distributed call; the
     trainer holds one bucket on its device beyond its shard, each server one beyond its weights)."""
@@ -91,9 +92,22 @@ class SGLangRollout:
         mode = self.weight_sync or ""
         return mode[len("disk:"):] if mode.startswith("disk:") else None
 
+    def check_weights_dir(self) -> None:
+        """disk:DIR can be written (made when missing, but not its parent: a DIR on a shared filesystem
+        that is not mounted must not land on the local disk): one line naming the flag otherwise."""
+        from pathlib import Path
+
+        from .outputs import writable_dir
+
+        if self.weights_dir is not None:
+            writable_dir(Path(self.weights_dir), f"--weight-sync {self.weight_sync}", parents=False)
+
     def build(self, context):
         from rollpacker.backends.sglang.client import SGLangEngine
 
+        if self.weights_dir is not None:
+            print(f"--weight-sync {self.weight_sync}: each step's weights are written there as safetensors; "
+                  f"only the newest copy is kept (one model's weights)", flush=True)
         engine = SGLangEngine(list(self.sglang_urls), model_config_dir=context.model_dir, weights_dir=self.weights_dir)
         if self.weight_sync == "nccl":
             import torch

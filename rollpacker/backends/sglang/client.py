@@ -71,7 +71,8 @@ class SGLangEngine:
     limit per server (None: the server's max_running_requests if it reports one, else 64).
     pause_mode: SGLang's /pause_generation mode ("retract" keeps requests, recomputing their cache
     with the new weights; "in_place" keeps the cache; "abort" aborts them).  weights_dir: where
-    `update_weights(mapping)` writes safetensors (None: a temporary folder, single node only).
+    `update_weights(mapping)` writes safetensors (None: a temporary folder, single node only), one
+    folder per version, the older ones removed once every server loaded the newer.
     model_config_dir: a local copy of the model's config files to put beside those tensors (real
     SGLang reloads a whole model directory).
     """
@@ -105,6 +106,7 @@ class SGLangEngine:
         self.model_config_dir = None if model_config_dir is None else Path(model_config_dir)
         self._version = weight_version
         self._distributed = None  # a weights.DistributedWeightSync after use_distributed_sync
+        self._copies: list[str] = []  # folders written under weights_dir, the newest last
         self.last_sync = None
         """The last distributed sync's SyncStats (tensors, bytes, buckets, seconds)."""
         self._lock = threading.Lock()
@@ -225,7 +227,9 @@ class SGLangEngine:
 
     def update_weights(self, weights: Mapping[str, Any] | str | os.PathLike, version: int) -> None:
         """pause -> /update_weights_from_disk on every live server -> continue (the pause and
-        continue are skipped when the caller already paused)."""
+        continue are skipped when the caller already paused).  A mapping is written first: to a
+        temporary folder, removed after the update; or under `weights_dir`, where the newest folder
+        stays (a restarted server may load it) and the older ones go once the servers hold it."""
         self._check_open()
         written = None
         if isinstance(weights, (str, os.PathLike)):
@@ -233,15 +237,26 @@ class SGLangEngine:
         else:
             from rollpacker.backends.sglang.weights import write_safetensors_dir
 
-            written = path = str(write_safetensors_dir(weights, self.weights_dir, self.model_config_dir))
+            written = path = str(write_safetensors_dir(weights, self.weights_dir, self.model_config_dir,
+                                                       prefix=f"rollpacker-weights-v{int(version)}-"))
+            if self.weights_dir is not None:
+                self._copies.append(written)
         try:
             with self._paused():
                 self._pool.on_live_servers(lambda c: c.update_weights_from_disk(path, version), "updating weights",
                                            timeout=self.http.weights_timeout_s + 5)
                 self._version = int(version)
+            self._drop_copies_but(path)  # the servers hold `path` now
         finally:
             if written is not None and self.weights_dir is None:
                 shutil.rmtree(written, ignore_errors=True)
+
+    def _drop_copies_but(self, path: str) -> None:
+        """Remove the folders this engine wrote under weights_dir, all but `path` (a failed update
+        keeps them until the next one lands)."""
+        for old in [c for c in self._copies if c != path]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._copies = [c for c in self._copies if c == path]
 
     def release_memory(self, tags: Sequence[str] | None = None) -> None:
         """/release_memory_occupation {tags} on every live server (colocated mode: the trainer runs

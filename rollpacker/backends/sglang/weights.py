@@ -56,15 +56,16 @@ DEFAULT_BUCKET_BYTES = 512 * 2**20
 
 
 def write_safetensors_dir(weights: Mapping[str, Any], parent: str | os.PathLike | None = None,
-                          config_dir: str | os.PathLike | None = None) -> Path:
-    """Write `weights` (name -> tensor) as `model.safetensors` in a new folder under `parent` (None:
-    the system temp folder); copy the config files of `config_dir` beside it; return the folder."""
+                          config_dir: str | os.PathLike | None = None, prefix: str = "rollpacker-weights-") -> Path:
+    """Write `weights` (name -> tensor) as `model.safetensors` in a new folder `prefix...` under
+    `parent` (None: the system temp folder); copy the config files of `config_dir` beside it; return
+    the folder."""
     import torch
     from safetensors.torch import save_file
 
     if parent is not None:
         Path(parent).mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="rollpacker-weights-", dir=parent))
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     tensors = {name: torch.as_tensor(t).detach().to("cpu").contiguous() for name, t in weights.items()}
     save_file(tensors, str(folder / "model.safetensors"))
     if config_dir is not None:
