@@ -110,10 +110,13 @@ def test_a_capture_that_fails_raises_naming_the_bucket(cuda_model):
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("an op that cannot be captured")
 
+    # the first bucket captured: one row, one token, the first column bucket of a cache of exactly 40 columns
+    rows, tokens, columns = Runner(cuda_model, 0, capacity=2).graph_keys(length=40)[0]
+    assert (rows, tokens) == (1, 1) and columns <= 40
     hook = cuda_model.model.layers[0].register_forward_hook(uncapturable)
     try:
-        with pytest.raises(GraphCaptureFailed, match=r"rows=1 tokens_per_row=1 columns=64 failed: RuntimeError: an op "
-                                                     r"that cannot be captured"):
+        with pytest.raises(GraphCaptureFailed, match=rf"rows=1 tokens_per_row=1 columns={columns} failed: RuntimeError: "
+                                                     r"an op that cannot be captured"):
             EmbeddedEngine(cuda_model, capacity=2, kv_tokens_per_row=40)
         # no cache size up front: the capture runs at the first prefill, and the failure ends the engine loudly
         engine = EmbeddedEngine(cuda_model, capacity=2, stop_token_ids=())
