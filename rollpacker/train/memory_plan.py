@@ -11,8 +11,16 @@ micro-batch):
   weights that the forward casts and backward keeps (2 more);
 - KV cache: capacity x (prompt + max_tokens + spec_tokens) x layers x 2 (K and V) x kv_heads x
   head_dim x b: the embedded engine allocates exactly these columns per row at once
-  (`kv_tokens_per_row`; a verify forward may write spec_tokens past a row's end), so it never
-  grows; `cuda_peak_gib` in each step record on CUDA is the measured peak to compare with;
+  (`kv_tokens_per_row`; a verify forward may write spec_tokens past a row's end, so they are counted
+  when the engine speculates: spec_max_rows > 0, by default on CUDA only), so it never grows;
+  `cuda_peak_gib` in each step record on CUDA is the measured peak to compare with;
+- CUDA graphs (on CUDA, unless --no-cuda-graphs): the engine captures one decode graph per key of
+  `buckets.graph_keys` (rows bucket x tokens per row x columns bucket of 256, verify widths
+  included) and each keeps its float32 logits [rows, tokens, vocab] allocated for its replays: the
+  sum over the keys (0.24 GiB at capacity 128 and 640 columns with SmolLM2's vocabulary, about
+  17 GB at capacity 256 and 8k columns with Qwen2.5's); plus the pool's workspace, the largest
+  forward's transients (freed at the end of its capture, reused by the next):
+  `cuda_graph_bytes`;
 - activations saved for backward: T x layers x (6 x hidden + 2 x kv_heads x head_dim + 4 x ffn) x b
   (norm inputs and outputs, q, the attention output and the residual stream make about 6 x hidden;
   k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or memory-efficient
@@ -37,17 +45,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rollpacker.backends.embedded.buckets import COL_MULTIPLE, GraphKey, graph_keys
 from rollpacker.core.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
 LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's peak
-ENGINE_ITEMS = ("engine_weights", "kv_cache")
-"""Freed while the trainer runs, colocated."""
+ENGINE_ITEMS = ("engine_weights", "kv_cache", "cuda_graphs")
+"""Freed while the trainer runs, colocated (the graphs are dropped with the weights)."""
 TRAINING_ITEMS = ("activations", "logits")
 """Held only while the trainer runs."""
 # the flag that shrinks each item, for the error message
 FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
+                "cuda_graphs": "--engine-capacity or --max-tokens (or pass --no-cuda-graphs)",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
 
 
@@ -138,26 +148,49 @@ class MemoryPlan:
 
 def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
                 micro_batch_tokens: int, trainer: str, budget: int, device: str,
-                with_engine: bool = True, spec_tokens: int = 0, colocate: bool = False) -> MemoryPlan:
+                with_engine: bool = True, spec_max_rows: int = 0, spec_tokens: int = 0, cuda_graphs: bool = False,
+                colocate: bool = False) -> MemoryPlan:
     """The plan's items in bytes (the module docstring gives each formula); `with_engine` False leaves
-    out the engine's weights and KV cache (rollout on SGLang servers); `colocate`: --colocate's peak."""
+    out the engine's items (rollout on SGLang servers); spec_max_rows: the engine's speculation
+    threshold as it resolves it (0: off), spec_tokens its drafts per row; cuda_graphs: the engine
+    captures decode graphs (on CUDA); `colocate`: --colocate's peak."""
     b = DTYPE_BYTES[dtype]
     params = shape.num_params
     sequence = prompt_tokens + max_tokens
     batch_tokens = math.ceil(micro_batch_tokens / max_tokens) * sequence
     per_token_layer = 6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.ffn
     logit_tokens = min(batch_tokens, LOGITS_CHUNK_TOKENS) if trainer == "torch" else batch_tokens
+    kv_row = sequence + (spec_tokens if spec_max_rows > 0 else 0)
     items = {
         "engine_weights": params * b,
         "trainer_state": params * (16 + (b if b < 4 else 0)),
-        "kv_cache": engine_capacity * (sequence + spec_tokens) * shape.num_layers * 2 * shape.kv_dim * b,
+        "kv_cache": engine_capacity * kv_row * shape.num_layers * 2 * shape.kv_dim * b,
         "activations": batch_tokens * shape.num_layers * per_token_layer * b,
         "logits": logit_tokens * shape.vocab * 4 * LOGITS_COPIES,
     }
+    if cuda_graphs:
+        keys = graph_keys(capacity=engine_capacity, length=kv_row, col_multiple=COL_MULTIPLE["cuda"],
+                          verify_rows=spec_max_rows, verify_tokens=spec_tokens)
+        items["cuda_graphs"] = sum(cuda_graph_bytes(shape, b, keys))
     if not with_engine:
-        del items["engine_weights"], items["kv_cache"]
+        for item in ENGINE_ITEMS:
+            items.pop(item, None)
     return MemoryPlan(items=items, budget=budget, device=device, dtype=dtype,
-                      kv_tokens_per_row=sequence + spec_tokens, forward_tokens=batch_tokens, colocated=colocate)
+                      kv_tokens_per_row=kv_row, forward_tokens=batch_tokens, colocated=colocate)
+
+
+def cuda_graph_bytes(shape: ModelShape, b: int, keys: list[GraphKey]) -> tuple[int, int]:
+    """(static outputs, workspace) that the decode graphs of `keys` keep in their memory pool, b bytes
+    per element.  Outputs: each graph's float32 logits [rows, tokens, vocab], kept for its replays.
+    Workspace: the transients of the largest forward (rows x tokens x columns), which later captures
+    reuse: its attention scores in float32 (the product, the scaled and the masked copies), the
+    logits in b before their float32 copy (below float32), the MLP's three ffn-wide tensors and a
+    few hidden-wide ones."""
+    outputs = sum(rows * t * shape.vocab * 4 for rows, t, _ in keys)
+    logits_b = shape.vocab * b if b < 4 else 0
+    workspace = max((rows * t * (3 * shape.num_heads * cols * 4 + logits_b + (3 * shape.ffn + 4 * shape.hidden) * b)
+                     for rows, t, cols in keys), default=0)
+    return outputs, workspace
 
 
 def device_budget(device: str) -> int:

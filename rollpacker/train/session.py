@@ -223,16 +223,19 @@ def build_trainer(config: RunConfig, model_dir, memory_plan=None):
 def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: str):
     """The memory plan of this run on `device` (engine and trainer colocated; for --rollout sglang
     the engine's items are the servers', so only the trainer's count)."""
+    from rollpacker.backends.embedded.speculation import speculation_rows
     from rollpacker.backends.models import read_config_json
     from rollpacker.train.memory_plan import ModelShape, device_budget, plan_memory
 
     longest_prompt = max(len(prompts.prompt_ids(i)) for i in range(len(prompts)))
+    on_cuda = device.startswith("cuda")
     return plan_memory(ModelShape.from_config(read_config_json(model_dir)), dtype=config.dtype,
                        engine_capacity=config.engine_capacity, prompt_tokens=longest_prompt,
                        max_tokens=config.max_tokens, micro_batch_tokens=config.micro_batch_tokens,
                        trainer=config.trainer, budget=device_budget(device), device=device,
                        with_engine=config.rollout == "embedded", spec_tokens=config.spec_tokens,
-                       colocate=config.colocate)
+                       spec_max_rows=speculation_rows(config.spec_max_rows, on_cuda),
+                       cuda_graphs=config.cuda_graphs and on_cuda, colocate=config.colocate)
 
 
 def follower_main(config: RunConfig) -> None:
