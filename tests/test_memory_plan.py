@@ -210,3 +210,42 @@ def test_the_plan_is_what_the_engine_allocates_speculation_included(spec_max_row
     keys = runner.graph_keys(length=on_cuda.kv_tokens_per_row)
     assert on_cuda.kv_tokens_per_row == 26 and any(t == 4 for _, t, _ in keys)
     assert on_cuda.items["cuda_graphs"] == sum(cuda_graph_bytes(shape, 4, keys))
+
+
+_PEAK_RSS = """import resource, subprocess, sys
+proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(proc.stderr)
+print(proc.stdout)
+print("peak_rss_kib", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(proc.returncode)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_host_plan_covers_the_peak_resident_memory_of_a_real_run(tmp_path):
+    """A real 2-step run of the reference trainer on the CPU, sized so that every planned item is near
+    what the run holds (one response per forward), measured as `/usr/bin/time -v` does (the
+    process's peak resident set, ru_maxrss): the plan's total covers it.  The runtime item (what the
+    process holds before any weights load: the interpreter, torch, transformers, the tokenized
+    dataset) is measured when the plan is made, plus RUNTIME_GROWTH; without them the plan was 0.50 GiB
+    against a measured peak of 1.10-1.14 GiB here."""
+    import re
+    import subprocess
+    import sys
+
+    from test_reference_train import ROOT, TRAIN
+
+    from rollpacker.backends.models import tiny_random_llama
+
+    model = tiny_random_llama(num_layers=4, hidden_size=256)
+    args = ["--preset", "tiny_debug", "--model", model, "--device", "cpu", "--steps", 2,
+            "--max-tokens", 48, "--micro-batch-tokens", 48, "--out", tmp_path / "run"]
+    proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = re.search(r"^memory plan \(cpu\): (.*); total ([0-9.]+) GiB", proc.stdout, re.M)
+    assert plan and "runtime " in plan.group(1), proc.stdout[-2000:]
+    peak = int(re.search(r"^peak_rss_kib (\d+)", proc.stdout, re.M).group(1)) * 1024
+    print(f"{plan.group(0)}; measured peak {peak / GIB:.2f} GiB")
+    assert float(plan.group(2)) * GIB >= peak, f"plan {plan.group(0)} below the measured peak {peak / GIB:.2f} GiB"

@@ -33,6 +33,13 @@ micro-batch):
   logits, their log-softmax, its exp, the entropy's product, and in backward their gradients:
   measured 5.5-5.8 on CPU, tests/test_memory_plan.py): one chunk of `LOGITS_CHUNK_TOKENS` for the
   torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.
+- runtime (on the CPU, where the budget is the machine's RAM): what the process holds before any
+  weights load (the interpreter, torch, transformers, TorchTitan, the tokenized dataset), measured
+  when the plan is made (`resident_bytes`, about 0.46 GiB for `make train`), plus `RUNTIME_GROWTH`.
+  Without it `make train` printed 4.55 GiB against a measured peak of 6.46-6.77 GiB; the rest of that
+  gap was memory the C allocator kept after it was freed (a forward's activations and logits, the
+  checkpoint read while the trainer builds, the state save's buffers), which the run now gives back
+  (`rollpacker.backends.trainer.policy.give_back_freed_memory`).
 
 The total is the peak.  Separate (the default), micro-batches train while the round still generates,
 so every item is held at once: the sum.  Colocated (--colocate), the engine's weights and KV cache
@@ -51,6 +58,9 @@ from rollpacker.core.errors import ConfigError
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
 LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's peak
+RUNTIME_GROWTH = 256 * 2**20
+"""What the runtime adds after the plan is made (the run's later imports, the kernels first used, the
+reward workers' pipes): measured 0.1-0.2 GiB on the CPU with the tiny model (torch 2.13, 2 cores)."""
 ENGINE_ITEMS = ("engine_weights", "kv_cache", "cuda_graphs")
 """Freed while the trainer runs, colocated (the graphs are dropped with the weights)."""
 TRAINING_ITEMS = ("activations", "logits")
@@ -126,7 +136,8 @@ class MemoryPlan:
 
     @property
     def biggest(self) -> str:
-        return max(self.items, key=self.items.get)
+        """The largest item a flag can shrink (not the runtime)."""
+        return max((k for k in self.items if k in FLAG_OF_ITEM), key=self.items.get)
 
     def line(self) -> str:
         parts = ", ".join(f"{name.replace('_', ' ')} {_gib(b)}" for name, b in self.items.items())
@@ -149,7 +160,7 @@ class MemoryPlan:
 def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
                 micro_batch_tokens: int, trainer: str, budget: int, device: str,
                 with_engine: bool = True, spec_max_rows: int = 0, spec_tokens: int = 0, cuda_graphs: bool = False,
-                colocate: bool = False) -> MemoryPlan:
+                host_runtime: int = 0, colocate: bool = False) -> MemoryPlan:
     """The plan's items in bytes (the module docstring gives each formula); `with_engine` False leaves
     out the engine's items (rollout on SGLang servers); spec_max_rows: the engine's speculation
     threshold as it resolves it (0: off), spec_tokens its drafts per row; cuda_graphs: the engine
@@ -172,6 +183,8 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
         keys = graph_keys(capacity=engine_capacity, length=kv_row, col_multiple=COL_MULTIPLE["cuda"],
                           verify_rows=spec_max_rows, verify_tokens=spec_tokens)
         items["cuda_graphs"] = sum(cuda_graph_bytes(shape, b, keys))
+    if host_runtime:
+        items["runtime"] = host_runtime + RUNTIME_GROWTH
     if not with_engine:
         for item in ENGINE_ITEMS:
             items.pop(item, None)
@@ -202,6 +215,16 @@ def device_budget(device: str) -> int:
     import os
 
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux: VmRSS; elsewhere 0, not counted)."""
+    try:
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(line.split()[1]) * 1024
 
 
 def _gib(num_bytes: int) -> str:

@@ -89,6 +89,7 @@ class Session:
                  on_progress: Callable[[str, dict], None] | None = None) -> None:
         from rollpacker.backends.models import load_model, resolve_model
         from rollpacker.backends.titan.model import read_hf_config
+        from rollpacker.backends.trainer.policy import give_back_freed_memory
 
         self.config = config
         self.run_dir = run_dir
@@ -99,10 +100,11 @@ class Session:
         read_hf_config(self.model_dir)  # unsupported architecture: fail before anything heavy
         self.prompts = load_prompts(config, self.model_dir)  # a row too long fails here, before the weights
         self.device = resolve_device(config.device)
-        model, _ = load_model(self.model_dir, dtype=config.dtype, device=self.device)
+        # before any weights load: on CPU the plan's runtime item is what the process holds now
         self.memory_plan = plan_run_memory(config, self.model_dir, self.prompts, self.device)
         print(self.memory_plan.line(), flush=True)
-        self.memory_plan.check()  # before the trainer and the KV cache, the big items, are built
+        self.memory_plan.check()
+        model, _ = load_model(self.model_dir, dtype=config.dtype, device=self.device)
         # one build() per component, each from its config (rollpacker.train.registry for the engine
         # and the trainer, rollpacker.core.policies for the policy)
         context = BuildContext(run=config, model_dir=self.model_dir, device=self.device, model=model,
@@ -113,6 +115,7 @@ class Session:
                                    batcher=config.batcher_config(), checkpoint=scheduler_state,
                                    rewards=rewards.scheduler_config())
         self.trainer = config.trainer_options().build(context)
+        give_back_freed_memory()  # building read the checkpoint: the allocator keeps ~0.5 GiB of it at 135M
         if init_distributed_env()[1] > 1:
             self.trainer = LeaderTrainer(self.trainer)
         self.engine = config.rollout_options().build(context)
@@ -201,7 +204,11 @@ class Session:
         self.run_dir.save_state(self.config, self.scheduler.to_dict(), self.trainer)
 
     def save_hf(self) -> Path:
-        return self.run_dir.save_hf_checkpoint(self.step, self.trainer.export_weights(), self.model_dir)
+        from rollpacker.backends.trainer.policy import give_back_freed_memory
+
+        path = self.run_dir.save_hf_checkpoint(self.step, self.trainer.export_weights(), self.model_dir)
+        give_back_freed_memory()  # the exported copy and its serialized bytes
+        return path
 
     def close(self) -> None:
         self.loop.close()
@@ -225,17 +232,18 @@ def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: s
     the engine's items are the servers', so only the trainer's count)."""
     from rollpacker.backends.embedded.speculation import speculation_rows
     from rollpacker.backends.models import read_config_json
-    from rollpacker.train.memory_plan import ModelShape, device_budget, plan_memory
+    from rollpacker.train.memory_plan import ModelShape, device_budget, plan_memory, resident_bytes
 
     longest_prompt = max(len(prompts.prompt_ids(i)) for i in range(len(prompts)))
     on_cuda = device.startswith("cuda")
+    runtime = 0 if on_cuda else resident_bytes()
     return plan_memory(ModelShape.from_config(read_config_json(model_dir)), dtype=config.dtype,
                        engine_capacity=config.engine_capacity, prompt_tokens=longest_prompt,
                        max_tokens=config.max_tokens, micro_batch_tokens=config.micro_batch_tokens,
                        trainer=config.trainer, budget=device_budget(device), device=device,
                        with_engine=config.rollout == "embedded", spec_tokens=config.spec_tokens,
                        spec_max_rows=speculation_rows(config.spec_max_rows, on_cuda),
-                       cuda_graphs=config.cuda_graphs and on_cuda, colocate=config.colocate)
+                       cuda_graphs=config.cuda_graphs and on_cuda, host_runtime=runtime, colocate=config.colocate)
 
 
 def follower_main(config: RunConfig) -> None:
