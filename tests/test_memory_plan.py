@@ -249,3 +249,21 @@ def test_the_host_plan_covers_the_peak_resident_memory_of_a_real_run(tmp_path):
     peak = int(re.search(r"^peak_rss_kib (\d+)", proc.stdout, re.M).group(1)) * 1024
     print(f"{plan.group(0)}; measured peak {peak / GIB:.2f} GiB")
     assert float(plan.group(2)) * GIB >= peak, f"plan {plan.group(0)} below the measured peak {peak / GIB:.2f} GiB"
+
+
+def test_host_items_runtime_and_the_state_save_in_turn_with_the_training():
+    """On the CPU: the measured runtime plus RUNTIME_GROWTH, and the state save's buffers (held after the
+    optimizer step, so in turn with the activations and logits: with the engine's items, colocated)."""
+    from rollpacker.train.memory_plan import RUNTIME_GROWTH, STATE_SAVE_BYTES
+
+    plan = smollm2_plan(device="cpu", host_runtime=GIB // 2)
+    items = plan.items
+    assert items["runtime"] == GIB // 2 + RUNTIME_GROWTH and items["state_save"] == 134_515_008 * STATE_SAVE_BYTES
+    engine = items["engine_weights"] + items["kv_cache"]
+    training = items["activations"] + items["logits"]
+    resident = items["trainer_state"] + items["runtime"]
+    assert plan.total == resident + engine + max(training, items["state_save"]) < sum(items.values())
+    colocated = smollm2_plan(device="cpu", host_runtime=GIB // 2, colocate=True)
+    assert colocated.total == resident + max(engine + items["state_save"], training)
+    assert "state save" in plan.line() and "in turn" in plan.line() and plan.biggest == "kv_cache"
+    assert "runtime" not in smollm2_plan().items and "state_save" not in smollm2_plan().items

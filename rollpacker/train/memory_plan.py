@@ -35,11 +35,13 @@ micro-batch):
   torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.
 - runtime (on the CPU, where the budget is the machine's RAM): what the process holds before any
   weights load (the interpreter, torch, transformers, TorchTitan, the tokenized dataset), measured
-  when the plan is made (`resident_bytes`, about 0.46 GiB for `make train`), plus `RUNTIME_GROWTH`.
-  Without it `make train` printed 4.55 GiB against a measured peak of 6.46-6.77 GiB; the rest of that
-  gap was memory the C allocator kept after it was freed (a forward's activations and logits, the
-  checkpoint read while the trainer builds, the state save's buffers), which the run now gives back
-  (`rollpacker.backends.trainer.policy.give_back_freed_memory`).
+  when the plan is made (`resident_bytes`, about 0.46 GiB for `make train`), plus `RUNTIME_GROWTH`;
+- state save (on the CPU): parameters x `STATE_SAVE_BYTES`, the buffers of the state save after each
+  step, held in turn with the activations and logits, never beside them.
+  Without these two `make train` printed 4.55 GiB against a measured peak of 6.46-6.77 GiB; the rest
+  of that gap was memory the C allocator kept after it was freed (a forward's activations and
+  logits, the checkpoint read while the trainer builds, the save's buffers), which the run now gives
+  back (`rollpacker.backends.trainer.policy.give_back_freed_memory`).
 
 The total is the peak.  Separate (the default), micro-batches train while the round still generates,
 so every item is held at once: the sum.  Colocated (--colocate), the engine's weights and KV cache
@@ -61,10 +63,16 @@ LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's 
 RUNTIME_GROWTH = 256 * 2**20
 """What the runtime adds after the plan is made (the run's later imports, the kernels first used, the
 reward workers' pipes): measured 0.1-0.2 GiB on the CPU with the tiny model (torch 2.13, 2 cores)."""
+STATE_SAVE_BYTES = 24
+"""Host bytes per parameter while the trainer's state is saved (torch.distributed.checkpoint stages and
+serializes the float32 weights and AdamW's two moments: about two copies of their 12 bytes; measured
+~3.1 GiB above the state at SmolLM2-135M on the CPU)."""
 ENGINE_ITEMS = ("engine_weights", "kv_cache", "cuda_graphs")
 """Freed while the trainer runs, colocated (the graphs are dropped with the weights)."""
 TRAINING_ITEMS = ("activations", "logits")
 """Held only while the trainer runs."""
+SAVE_ITEMS = ("state_save",)
+"""Held only while the state is saved, after the optimizer step: in turn with the training's items."""
 # the flag that shrinks each item, for the error message
 FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
                 "cuda_graphs": "--engine-capacity or --max-tokens (or pass --no-cuda-graphs)",
@@ -131,8 +139,11 @@ class MemoryPlan:
     def peak(self, colocated: bool) -> int:
         engine = sum(self.items.get(k, 0) for k in ENGINE_ITEMS)
         training = sum(self.items.get(k, 0) for k in TRAINING_ITEMS)
-        resident = sum(b for k, b in self.items.items() if k not in ENGINE_ITEMS + TRAINING_ITEMS)
-        return resident + (max(engine, training) if colocated else engine + training)
+        save = sum(self.items.get(k, 0) for k in SAVE_ITEMS)
+        resident = sum(b for k, b in self.items.items() if k not in ENGINE_ITEMS + TRAINING_ITEMS + SAVE_ITEMS)
+        if colocated:  # the engine is back (weights synced) when the state is saved
+            return resident + max(engine + save, training)
+        return resident + engine + max(training, save)
 
     @property
     def biggest(self) -> str:
@@ -141,7 +152,8 @@ class MemoryPlan:
 
     def line(self) -> str:
         parts = ", ".join(f"{name.replace('_', ' ')} {_gib(b)}" for name, b in self.items.items())
-        mode = " (colocated: the engine's items and the training's in turn)" if self.colocated else ""
+        mode = " (colocated: the engine's items and the training's in turn)" if self.colocated else \
+            (" (the state save and the training's items in turn)" if "state_save" in self.items else "")
         return f"memory plan ({self.device}): {parts}; total {_gib(self.total)}{mode} of {_gib(self.budget)}"
 
     def check(self) -> None:
@@ -185,6 +197,7 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
         items["cuda_graphs"] = sum(cuda_graph_bytes(shape, b, keys))
     if host_runtime:
         items["runtime"] = host_runtime + RUNTIME_GROWTH
+        items["state_save"] = params * STATE_SAVE_BYTES
     if not with_engine:
         for item in ENGINE_ITEMS:
             items.pop(item, None)
