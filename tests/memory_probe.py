@@ -68,7 +68,7 @@ def main(spec: dict) -> dict:
     prompt, max_tokens, mbt = spec["prompt"], spec["max_tokens"], spec["micro_batch_tokens"]
     plan = plan_memory(ModelShape.from_config(read_config_json(spec["model"])), dtype=spec["dtype"],
                        engine_capacity=spec["capacity"], prompt_tokens=prompt, max_tokens=max_tokens,
-                       micro_batch_tokens=mbt, trainer="torch", budget=2**50, device=device)
+                       micro_batch_tokens=mbt, trainer="torch", budget=2**50, device=device, cuda_graphs=cuda)
     host = None if cuda else HostPeak()
 
     model, _ = load_model(spec["model"], dtype=spec["dtype"], device=device)

@@ -296,3 +296,18 @@ def test_the_run_config_flag_reaches_the_plan():
     tiny = tiny_random_llama()
     plans = [plan_run_memory(RunConfig(colocate=c, trainer="torch"), tiny, Prompts(), "cpu") for c in (False, True)]
     assert not plans[0].colocated and plans[1].colocated and plans[1].total < plans[0].total
+
+
+@pytest.mark.timeout(120)
+def test_colocate_with_nccl_weight_sync_is_one_line_naming_disk_before_any_model_loads(tmp_path):
+    """NCCL refuses two processes on one GPU, so a colocated server cannot join the trainer's group."""
+    from test_faults import assert_one_clear_line
+    from test_reference_train import run_train
+
+    start = time.monotonic()
+    proc = run_train("--preset", "tiny_debug", "--model", tiny_random_llama(), "--out", tmp_path / "run",
+                     "--rollout", "sglang", "--sglang-urls", "http://127.0.0.1:30000", "--weight-sync", "nccl",
+                     "--colocate", check=False, timeout=100)
+    assert_one_clear_line(proc, 2, "--colocate with --weight-sync nccl", "--weight-sync disk:DIR")
+    assert "Loading weights" not in proc.stderr and time.monotonic() - start < 60
+    assert not (tmp_path / "run").exists()

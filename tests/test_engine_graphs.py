@@ -110,10 +110,13 @@ def test_a_capture_that_fails_raises_naming_the_bucket(cuda_model):
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("an op that cannot be captured")
 
+    # the first bucket captured: one row, one token, the first column bucket of a cache of exactly 40 columns
+    rows, tokens, columns = Runner(cuda_model, 0, capacity=2).graph_keys(length=40)[0]
+    assert (rows, tokens) == (1, 1) and columns <= 40
     hook = cuda_model.model.layers[0].register_forward_hook(uncapturable)
     try:
-        with pytest.raises(GraphCaptureFailed, match=r"rows=1 tokens_per_row=1 columns=64 failed: RuntimeError: an op "
-                                                     r"that cannot be captured"):
+        with pytest.raises(GraphCaptureFailed, match=rf"rows=1 tokens_per_row=1 columns={columns} failed: RuntimeError: "
+                                                     r"an op that cannot be captured"):
             EmbeddedEngine(cuda_model, capacity=2, kv_tokens_per_row=40)
         # no cache size up front: the capture runs at the first prefill, and the failure ends the engine loudly
         engine = EmbeddedEngine(cuda_model, capacity=2, stop_token_ids=())
@@ -154,3 +157,41 @@ def test_graphs_captured_mid_run_while_another_thread_allocates_on_the_gpu(cuda_
     worker.join()
     assert not errors, errors[0]
     assert engine.capture_s > 0 and engine._runner.cache.length >= 256
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_the_memory_plan_covers_what_the_graphs_keep():
+    """At the memory test's sizes (the 4-layer tiny model in bfloat16, capacity 128, 128 + 512 tokens,
+    speculation at 4 rows x 4 drafts): the KV cache is the plan's exactly, every graph's static logits
+    are the plan's outputs exactly, and what the allocator still holds for the graphs after
+    `empty_cache` (their pool) is within the plan's cuda_graphs item."""
+    from rollpacker.backends.models import read_config_json
+    from rollpacker.train.memory_plan import ModelShape, cuda_graph_bytes, plan_memory
+
+    model_dir = tiny_random_llama(num_layers=4, hidden_size=256)
+    shape = ModelShape.from_config(read_config_json(model_dir))
+    plan = plan_memory(shape, dtype="bfloat16", engine_capacity=128, prompt_tokens=128, max_tokens=512,
+                       micro_batch_tokens=1024, trainer="torch", budget=2**50, device="cuda", spec_max_rows=4,
+                       spec_tokens=4, cuda_graphs=True)
+    model = load_model(model_dir, dtype="bfloat16", device="cuda")[0]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved, free = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[0]
+    engine = EmbeddedEngine(model, capacity=128, stop_token_ids=(), spec_max_rows=4, spec_tokens=4,
+                            kv_tokens_per_row=plan.kv_tokens_per_row)
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        runner = engine._runner
+        kv = engine.memory_bytes()["kv_cache"]
+        graphs = torch.cuda.memory_reserved() - reserved - kv
+        driver = free - torch.cuda.mem_get_info()[0] - kv  # also what the driver keeps per graph (not planned)
+        outputs = sum(g.logits.untyped_storage().nbytes() for g in runner._graphs.values())
+        assert kv == plan.items["kv_cache"] and set(runner._graphs) == set(runner.graph_keys())
+        assert outputs == cuda_graph_bytes(shape, 2, runner.graph_keys())[0]
+        assert outputs <= graphs <= plan.items["cuda_graphs"], (
+            f"graphs hold {graphs / 2**20:.1f} MiB in the allocator ({driver / 2**20:.1f} MiB on the device), the "
+            f"plan counts {plan.items['cuda_graphs'] / 2**20:.1f} MiB, outputs {outputs / 2**20:.1f} MiB")
+    finally:
+        engine.close()

@@ -92,3 +92,35 @@ def test_campaign_falls_back_to_the_torch_trainer_where_titan_cannot_import():
     assert picked == "torch" and why.startswith("TorchTitan unavailable (") and why.endswith("using --trainer torch")
     assert "DataParallelMeshDims" in why
     assert proc.returncode == 1 and proc.stderr.strip().startswith("error: --trainer titan:")
+
+
+def _test_files(lines) -> set[str]:
+    """The test files named by pytest lines such as `tests/test_x.py::test_y[cuda]` or
+    `SKIPPED [2] tests/test_x.py:40: needs a CUDA GPU`."""
+    return {m.group(1) for line in lines if (m := re.search(r"(tests/test_\w+\.py)(::|:\d+)", line))}
+
+
+@pytest.mark.timeout(400)
+def test_the_tests_part_runs_every_gpu_marked_test_found_by_its_marker(tmp_path):
+    """Every file holding a gpu-marked test (as pytest's own `-m gpu` collection finds them) is run by
+    `--part tests`: a file missing from a list of files would be missing here.  On CPU each one is
+    skipped, and -ra names it."""
+    from rollpacker.backends.models import tiny_random_llama
+
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-o", "addopts=",
+                              "-p", "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=200)
+    assert collect.returncode == 0, collect.stdout[-3000:]
+    marked = [line for line in collect.stdout.splitlines() if "::" in line]
+    expected = _test_files(marked)
+    assert {"tests/test_engine_graphs.py", "tests/test_colocate.py", "tests/test_weight_sync.py"} <= expected
+
+    logs = tmp_path / "logs"
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer",
+                           "torch", "--model", str(tiny_random_llama()), "--out", str(tmp_path / "runs"), "--logs",
+                           str(logs), "--results", str(tmp_path / "R.md"), "--part", "tests"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    skipped = [line for line in (logs / "tests.log").read_text().splitlines() if line.startswith("SKIPPED")]
+    assert _test_files(skipped) == expected
+    (figures,) = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
+    assert figures["skipped"] == len(marked) and not figures.get("passed")

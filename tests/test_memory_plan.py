@@ -139,3 +139,131 @@ def test_plan_covers_torch_cuda_max_memory_allocated():
     """CUDA, bfloat16 (autocast over float32 master weights), the campaign's sizes on the tiny model."""
     r = _probe("cuda", "bfloat16", capacity=128, prompt=128, max_tokens=512, micro_batch_tokens=1024)
     assert r["plan_total"] / 4 <= r["peak"] <= r["plan_total"], r
+
+
+# -- the embedded engine's items: speculation's columns and the CUDA graphs -------------------------
+
+
+def test_cuda_graphs_are_every_graphs_float32_logits_plus_the_largest_forward():
+    """Capacity 256 (14 rows buckets, 883 rows in all), 1024 + 4 columns (buckets 256 .. 1024, 1028),
+    speculation at up to 4 rows (buckets 1, 2, 4) with 4 drafts (2 .. 5 tokens per row)."""
+    plan = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True)
+    assert plan.kv_tokens_per_row == 1028 and plan.items["kv_cache"] == 256 * 1028 * 30 * 2 * 3 * 64 * 4
+    outputs = (883 * 5 + (1 + 2 + 4) * (2 + 3 + 4 + 5) * 5) * 49152 * 4
+    # the largest forward: 256 rows x 1 token over 1028 columns: 3 float32 score copies (9 heads), the MLP
+    workspace = 256 * (3 * 9 * 1028 * 4 + (3 * 1536 + 4 * 576) * 4)
+    assert plan.items["cuda_graphs"] == outputs + workspace
+    # bfloat16: the largest forward's logits in bfloat16 too, before their float32 copy
+    bf16 = smollm2_plan(dtype="bfloat16", spec_max_rows=4, spec_tokens=4, cuda_graphs=True)
+    assert bf16.items["cuda_graphs"] == outputs + 256 * (3 * 9 * 1028 * 4 + 49152 * 2 + (3 * 1536 + 4 * 576) * 2)
+    # no speculation: no drafts' columns, no verify graphs
+    assert smollm2_plan(spec_tokens=4, cuda_graphs=True).items["cuda_graphs"] == \
+        883 * 4 * 49152 * 4 + 256 * (3 * 9 * 1024 * 4 + (3 * 1536 + 4 * 576) * 4)
+    # colocated, the graphs go with the engine's weights
+    colocated = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True, colocate=True)
+    engine = sum(plan.items[k] for k in ("engine_weights", "kv_cache", "cuda_graphs"))
+    assert colocated.total == plan.items["trainer_state"] + max(engine, plan.items["activations"] + plan.items["logits"])
+    assert "cuda_graphs" not in smollm2_plan().items
+    assert "cuda_graphs" not in smollm2_plan(with_engine=False, cuda_graphs=True).items
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("spec_max_rows", [None, 2])
+def test_the_plan_is_what_the_engine_allocates_speculation_included(spec_max_rows):
+    """The run's own wiring (plan_run_memory, then the engine options it gives): the engine's KV cache
+    holds exactly the plan's bytes, prompt + max tokens columns per row plus the drafts' columns only
+    when the engine speculates (by default not on CPU); and the decode graphs a runner captures on
+    CUDA for the cache the plan sizes there (graphs and speculation on by default) are the plan's."""
+    from test_colocate import Prompts
+
+    from rollpacker.backends.embedded.buckets import COL_MULTIPLE
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
+    from rollpacker.backends.embedded.runner import Runner
+    from rollpacker.backends.embedded.speculation import speculation_rows
+    from rollpacker.backends.models import load_model, read_config_json, tiny_random_llama
+    from rollpacker.core.protocols import GenerationRequest, GenerationResult
+    from rollpacker.train.memory_plan import cuda_graph_bytes
+    from rollpacker.train.session import plan_run_memory
+
+    model_dir = tiny_random_llama()
+    config = RunConfig(trainer="torch", device="cpu", engine_capacity=3, max_tokens=20, spec_tokens=3,
+                       spec_max_rows=spec_max_rows)
+    plan = plan_run_memory(config, model_dir, Prompts(), "cpu")
+    assert plan.kv_tokens_per_row == 3 + 20 + (3 if spec_max_rows else 0) and "cuda_graphs" not in plan.items
+    model = load_model(model_dir)[0]
+    with EmbeddedEngine(model, stop_token_ids=(), **config.rollout_options().engine_options(plan.kv_tokens_per_row)) as engine:
+        engine.submit([GenerationRequest(f"r{i}", Prompts().prompt_ids(i % 4), 20 - 7 * (i % 2), temperature=0.0,
+                                         group=str(i % 4)) for i in range(6)])
+        done = 0
+        while done < 6:
+            done += sum(isinstance(e, GenerationResult) for e in engine.poll(5.0))
+        assert engine.memory_bytes()["kv_cache"] == plan.items["kv_cache"]
+        assert engine._runner.cache.length == plan.kv_tokens_per_row
+        assert (engine.speculation_stats.num_verify_steps > 0) == bool(spec_max_rows)
+
+    rows = speculation_rows(spec_max_rows, on_cuda=True)  # on CUDA: 4 by default
+    shape = ModelShape.from_config(read_config_json(model_dir))
+    on_cuda = plan_memory(shape, dtype="float32", engine_capacity=3, prompt_tokens=3, max_tokens=20,
+                          micro_batch_tokens=256, trainer="torch", budget=2**40, device="cuda", spec_max_rows=rows,
+                          spec_tokens=3, cuda_graphs=True)
+    runner = Runner(model, 0, capacity=3, col_multiple=COL_MULTIPLE["cuda"], verify_rows=rows, verify_tokens=3)
+    keys = runner.graph_keys(length=on_cuda.kv_tokens_per_row)
+    assert on_cuda.kv_tokens_per_row == 26 and any(t == 4 for _, t, _ in keys)
+    assert on_cuda.items["cuda_graphs"] == sum(cuda_graph_bytes(shape, 4, keys))
+
+
+_PEAK_RSS = """import resource, subprocess, sys
+proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(proc.stderr)
+print(proc.stdout)
+print("peak_rss_kib", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(proc.returncode)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_host_plan_covers_the_peak_resident_memory_of_a_real_run(tmp_path):
+    """A real 2-step run of the reference trainer on the CPU, sized so that every planned item is near
+    what the run holds (one response per forward), measured as `/usr/bin/time -v` does (the
+    process's peak resident set, ru_maxrss): the plan's total covers it.  The runtime item (what the
+    process holds before any weights load: the interpreter, torch, transformers, the tokenized
+    dataset) is measured when the plan is made, plus RUNTIME_GROWTH; without them the plan was 0.50 GiB
+    against a measured peak of 1.10-1.14 GiB here."""
+    import re
+    import subprocess
+    import sys
+
+    from test_reference_train import ROOT, TRAIN
+
+    from rollpacker.backends.models import tiny_random_llama
+
+    model = tiny_random_llama(num_layers=4, hidden_size=256)
+    args = ["--preset", "tiny_debug", "--model", model, "--device", "cpu", "--steps", 2,
+            "--max-tokens", 48, "--micro-batch-tokens", 48, "--out", tmp_path / "run"]
+    proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = re.search(r"^memory plan \(cpu\): (.*); total ([0-9.]+) GiB", proc.stdout, re.M)
+    assert plan and "runtime " in plan.group(1), proc.stdout[-2000:]
+    peak = int(re.search(r"^peak_rss_kib (\d+)", proc.stdout, re.M).group(1)) * 1024
+    print(f"{plan.group(0)}; measured peak {peak / GIB:.2f} GiB")
+    assert float(plan.group(2)) * GIB >= peak, f"plan {plan.group(0)} below the measured peak {peak / GIB:.2f} GiB"
+
+
+def test_host_items_runtime_and_the_state_save_in_turn_with_the_training():
+    """On the CPU: the measured runtime plus RUNTIME_GROWTH, and the state save's buffers (held after the
+    optimizer step, so in turn with the activations and logits: with the engine's items, colocated)."""
+    from rollpacker.train.memory_plan import RUNTIME_GROWTH, STATE_SAVE_BYTES
+
+    plan = smollm2_plan(device="cpu", host_runtime=GIB // 2)
+    items = plan.items
+    assert items["runtime"] == GIB // 2 + RUNTIME_GROWTH and items["state_save"] == 134_515_008 * STATE_SAVE_BYTES
+    engine = items["engine_weights"] + items["kv_cache"]
+    training = items["activations"] + items["logits"]
+    resident = items["trainer_state"] + items["runtime"]
+    assert plan.total == resident + engine + max(training, items["state_save"]) < sum(items.values())
+    colocated = smollm2_plan(device="cpu", host_runtime=GIB // 2, colocate=True)
+    assert colocated.total == resident + max(engine + items["state_save"], training)
+    assert "state save" in plan.line() and "in turn" in plan.line() and plan.biggest == "kv_cache"
+    assert "runtime" not in smollm2_plan().items and "state_save" not in smollm2_plan().items

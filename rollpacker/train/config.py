@@ -194,6 +194,9 @@ class RunConfig:
         if self.weight_sync is not None and self.rollout != "sglang":
             raise ConfigError(f"--weight-sync {self.weight_sync} is for --rollout sglang (the embedded engine shares "
                               f"the trainer's process)")
+        if self.colocate and self.weight_sync == "nccl":
+            raise ConfigError("--colocate with --weight-sync nccl cannot work: NCCL refuses two processes (the "
+                              "trainer and a server) on one GPU; use --weight-sync disk:DIR")
         self.rollout_options()  # each component's options, checked by flag
         self.rewards_options()
         self._check_sampling_and_times()

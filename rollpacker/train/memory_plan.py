@@ -11,8 +11,16 @@ micro-batch):
   weights that the forward casts and backward keeps (2 more);
 - KV cache: capacity x (prompt + max_tokens + spec_tokens) x layers x 2 (K and V) x kv_heads x
   head_dim x b: the embedded engine allocates exactly these columns per row at once
-  (`kv_tokens_per_row`; a verify forward may write spec_tokens past a row's end), so it never
-  grows; `cuda_peak_gib` in each step record on CUDA is the measured peak to compare with;
+  (`kv_tokens_per_row`; a verify forward may write spec_tokens past a row's end, so they are counted
+  when the engine speculates: spec_max_rows > 0, by default on CUDA only), so it never grows;
+  `cuda_peak_gib` in each step record on CUDA is the measured peak to compare with;
+- CUDA graphs (on CUDA, unless --no-cuda-graphs): the engine captures one decode graph per key of
+  `buckets.graph_keys` (rows bucket x tokens per row x columns bucket of 256, verify widths
+  included) and each keeps its float32 logits [rows, tokens, vocab] allocated for its replays: the
+  sum over the keys (0.24 GiB at capacity 128 and 640 columns with SmolLM2's vocabulary, about
+  17 GB at capacity 256 and 8k columns with Qwen2.5's); plus the pool's workspace, the largest
+  forward's transients (freed at the end of its capture, reused by the next):
+  `cuda_graph_bytes`;
 - activations saved for backward: T x layers x (6 x hidden + 2 x kv_heads x head_dim + 4 x ffn) x b
   (norm inputs and outputs, q, the attention output and the residual stream make about 6 x hidden;
   k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or memory-efficient
@@ -25,6 +33,15 @@ micro-batch):
   logits, their log-softmax, its exp, the entropy's product, and in backward their gradients:
   measured 5.5-5.8 on CPU, tests/test_memory_plan.py): one chunk of `LOGITS_CHUNK_TOKENS` for the
   torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.
+- runtime (on the CPU, where the budget is the machine's RAM): what the process holds before any
+  weights load (the interpreter, torch, transformers, TorchTitan, the tokenized dataset), measured
+  when the plan is made (`resident_bytes`, about 0.46 GiB for `make train`), plus `RUNTIME_GROWTH`;
+- state save (on the CPU): parameters x `STATE_SAVE_BYTES`, the buffers of the state save after each
+  step, held in turn with the activations and logits, never beside them.
+  Without these two `make train` printed 4.55 GiB against a measured peak of 6.46-6.77 GiB; the rest
+  of that gap was memory the C allocator kept after it was freed (a forward's activations and
+  logits, the checkpoint read while the trainer builds, the save's buffers), which the run now gives
+  back (`rollpacker.backends.trainer.policy.give_back_freed_memory`).
 
 The total is the peak.  Separate (the default), micro-batches train while the round still generates,
 so every item is held at once: the sum.  Colocated (--colocate), the engine's weights and KV cache
@@ -37,17 +54,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rollpacker.backends.embedded.buckets import COL_MULTIPLE, GraphKey, graph_keys
 from rollpacker.core.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
 LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's peak
-ENGINE_ITEMS = ("engine_weights", "kv_cache")
-"""Freed while the trainer runs, colocated."""
+RUNTIME_GROWTH = 256 * 2**20
+"""What the runtime adds after the plan is made (the run's later imports, the kernels first used, the
+reward workers' pipes): measured 0.1-0.2 GiB on the CPU with the tiny model (torch 2.13, 2 cores)."""
+STATE_SAVE_BYTES = 24
+"""Host bytes per parameter while the trainer's state is saved (torch.distributed.checkpoint stages and
+serializes the float32 weights and AdamW's two moments: about two copies of their 12 bytes; measured
+~3.1 GiB above the state at SmolLM2-135M on the CPU)."""
+ENGINE_ITEMS = ("engine_weights", "kv_cache", "cuda_graphs")
+"""Freed while the trainer runs, colocated (the graphs are dropped with the weights)."""
 TRAINING_ITEMS = ("activations", "logits")
 """Held only while the trainer runs."""
+SAVE_ITEMS = ("state_save",)
+"""Held only while the state is saved, after the optimizer step: in turn with the training's items."""
 # the flag that shrinks each item, for the error message
 FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
+                "cuda_graphs": "--engine-capacity or --max-tokens (or pass --no-cuda-graphs)",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
 
 
@@ -111,16 +139,21 @@ class MemoryPlan:
     def peak(self, colocated: bool) -> int:
         engine = sum(self.items.get(k, 0) for k in ENGINE_ITEMS)
         training = sum(self.items.get(k, 0) for k in TRAINING_ITEMS)
-        resident = sum(b for k, b in self.items.items() if k not in ENGINE_ITEMS + TRAINING_ITEMS)
-        return resident + (max(engine, training) if colocated else engine + training)
+        save = sum(self.items.get(k, 0) for k in SAVE_ITEMS)
+        resident = sum(b for k, b in self.items.items() if k not in ENGINE_ITEMS + TRAINING_ITEMS + SAVE_ITEMS)
+        if colocated:  # the engine is back (weights synced) when the state is saved
+            return resident + max(engine + save, training)
+        return resident + engine + max(training, save)
 
     @property
     def biggest(self) -> str:
-        return max(self.items, key=self.items.get)
+        """The largest item a flag can shrink (not the runtime)."""
+        return max((k for k in self.items if k in FLAG_OF_ITEM), key=self.items.get)
 
     def line(self) -> str:
         parts = ", ".join(f"{name.replace('_', ' ')} {_gib(b)}" for name, b in self.items.items())
-        mode = " (colocated: the engine's items and the training's in turn)" if self.colocated else ""
+        mode = " (colocated: the engine's items and the training's in turn)" if self.colocated else \
+            (" (the state save and the training's items in turn)" if "state_save" in self.items else "")
         return f"memory plan ({self.device}): {parts}; total {_gib(self.total)}{mode} of {_gib(self.budget)}"
 
     def check(self) -> None:
@@ -138,26 +171,52 @@ class MemoryPlan:
 
 def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
                 micro_batch_tokens: int, trainer: str, budget: int, device: str,
-                with_engine: bool = True, spec_tokens: int = 0, colocate: bool = False) -> MemoryPlan:
+                with_engine: bool = True, spec_max_rows: int = 0, spec_tokens: int = 0, cuda_graphs: bool = False,
+                host_runtime: int = 0, colocate: bool = False) -> MemoryPlan:
     """The plan's items in bytes (the module docstring gives each formula); `with_engine` False leaves
-    out the engine's weights and KV cache (rollout on SGLang servers); `colocate`: --colocate's peak."""
+    out the engine's items (rollout on SGLang servers); spec_max_rows: the engine's speculation
+    threshold as it resolves it (0: off), spec_tokens its drafts per row; cuda_graphs: the engine
+    captures decode graphs (on CUDA); `colocate`: --colocate's peak."""
     b = DTYPE_BYTES[dtype]
     params = shape.num_params
     sequence = prompt_tokens + max_tokens
     batch_tokens = math.ceil(micro_batch_tokens / max_tokens) * sequence
     per_token_layer = 6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.ffn
     logit_tokens = min(batch_tokens, LOGITS_CHUNK_TOKENS) if trainer == "torch" else batch_tokens
+    kv_row = sequence + (spec_tokens if spec_max_rows > 0 else 0)
     items = {
         "engine_weights": params * b,
         "trainer_state": params * (16 + (b if b < 4 else 0)),
-        "kv_cache": engine_capacity * (sequence + spec_tokens) * shape.num_layers * 2 * shape.kv_dim * b,
+        "kv_cache": engine_capacity * kv_row * shape.num_layers * 2 * shape.kv_dim * b,
         "activations": batch_tokens * shape.num_layers * per_token_layer * b,
         "logits": logit_tokens * shape.vocab * 4 * LOGITS_COPIES,
     }
+    if cuda_graphs:
+        keys = graph_keys(capacity=engine_capacity, length=kv_row, col_multiple=COL_MULTIPLE["cuda"],
+                          verify_rows=spec_max_rows, verify_tokens=spec_tokens)
+        items["cuda_graphs"] = sum(cuda_graph_bytes(shape, b, keys))
+    if host_runtime:
+        items["runtime"] = host_runtime + RUNTIME_GROWTH
+        items["state_save"] = params * STATE_SAVE_BYTES
     if not with_engine:
-        del items["engine_weights"], items["kv_cache"]
+        for item in ENGINE_ITEMS:
+            items.pop(item, None)
     return MemoryPlan(items=items, budget=budget, device=device, dtype=dtype,
-                      kv_tokens_per_row=sequence + spec_tokens, forward_tokens=batch_tokens, colocated=colocate)
+                      kv_tokens_per_row=kv_row, forward_tokens=batch_tokens, colocated=colocate)
+
+
+def cuda_graph_bytes(shape: ModelShape, b: int, keys: list[GraphKey]) -> tuple[int, int]:
+    """(static outputs, workspace) that the decode graphs of `keys` keep in their memory pool, b bytes
+    per element.  Outputs: each graph's float32 logits [rows, tokens, vocab], kept for its replays.
+    Workspace: the transients of the largest forward (rows x tokens x columns), which later captures
+    reuse: its attention scores in float32 (the product, the scaled and the masked copies), the
+    logits in b before their float32 copy (below float32), the MLP's three ffn-wide tensors and a
+    few hidden-wide ones."""
+    outputs = sum(rows * t * shape.vocab * 4 for rows, t, _ in keys)
+    logits_b = shape.vocab * b if b < 4 else 0
+    workspace = max((rows * t * (3 * shape.num_heads * cols * 4 + logits_b + (3 * shape.ffn + 4 * shape.hidden) * b)
+                     for rows, t, cols in keys), default=0)
+    return outputs, workspace
 
 
 def device_budget(device: str) -> int:
@@ -169,6 +228,16 @@ def device_budget(device: str) -> int:
     import os
 
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux: VmRSS; elsewhere 0, not counted)."""
+    try:
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(line.split()[1]) * 1024
 
 
 def _gib(num_bytes: int) -> str:

@@ -92,6 +92,7 @@ class Session:
                  on_phase: Callable[[str], None] = lambda what: None) -> None:
         from rollpacker.backends import models
         from rollpacker.backends.titan.model import read_hf_config
+        from rollpacker.backends.trainer.policy import give_back_freed_memory
 
         self.config = config
         self.run_dir = run_dir
@@ -106,11 +107,12 @@ class Session:
         on_phase("reading the prompts" + (f" of {config.dataset}" if config.dataset else ""))
         self.prompts = load_prompts(config, self.model_dir)  # a row too long fails here, before the weights
         self.device = resolve_device(config.device)
-        on_phase(f"loading the model {self.model_dir} ({config.dtype} on {self.device})")
-        model, _ = models.load_model(self.model_dir, dtype=config.dtype, device=self.device)
+        # before any weights load: on CPU the plan's runtime item is what the process holds now
         self.memory_plan = plan_run_memory(config, self.model_dir, self.prompts, self.device)
         print(self.memory_plan.line(), flush=True)
-        self.memory_plan.check()  # before the trainer and the KV cache, the big items, are built
+        self.memory_plan.check()
+        on_phase(f"loading the model {self.model_dir} ({config.dtype} on {self.device})")
+        model, _ = models.load_model(self.model_dir, dtype=config.dtype, device=self.device)
         # one build() per component, each from its config (rollpacker.train.registry for the engine
         # and the trainer, rollpacker.core.policies for the policy)
         context = BuildContext(run=config, model_dir=self.model_dir, device=self.device, model=model,
@@ -122,6 +124,7 @@ class Session:
                                    rewards=rewards.scheduler_config())
         on_phase(f"building the trainer ({config.trainer})")
         self.trainer = config.trainer_options().build(context)
+        give_back_freed_memory()  # building read the checkpoint: the allocator keeps ~0.5 GiB of it at 135M
         if init_distributed_env()[1] > 1:
             self.trainer = LeaderTrainer(self.trainer)
         try:
@@ -227,7 +230,11 @@ class Session:
         self.run_dir.save_state(config, self.scheduler.to_dict(), self.trainer)
 
     def save_hf(self) -> Path:
-        return self.run_dir.save_hf_checkpoint(self.step, self.trainer.export_weights(), self.model_dir)
+        from rollpacker.backends.trainer.policy import give_back_freed_memory
+
+        path = self.run_dir.save_hf_checkpoint(self.step, self.trainer.export_weights(), self.model_dir)
+        give_back_freed_memory()  # the exported copy and its serialized bytes
+        return path
 
     def close(self) -> None:
         self.loop.close()
@@ -249,16 +256,20 @@ def build_trainer(config: RunConfig, model_dir, memory_plan=None):
 def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: str):
     """The memory plan of this run on `device` (engine and trainer colocated; for --rollout sglang
     the engine's items are the servers', so only the trainer's count)."""
+    from rollpacker.backends.embedded.speculation import speculation_rows
     from rollpacker.backends.models import read_config_json
-    from rollpacker.train.memory_plan import ModelShape, device_budget, plan_memory
+    from rollpacker.train.memory_plan import ModelShape, device_budget, plan_memory, resident_bytes
 
     longest_prompt = max(len(prompts.prompt_ids(i)) for i in range(len(prompts)))
+    on_cuda = device.startswith("cuda")
+    runtime = 0 if on_cuda else resident_bytes()
     return plan_memory(ModelShape.from_config(read_config_json(model_dir)), dtype=config.dtype,
                        engine_capacity=config.engine_capacity, prompt_tokens=longest_prompt,
                        max_tokens=config.max_tokens, micro_batch_tokens=config.micro_batch_tokens,
                        trainer=config.trainer, budget=device_budget(device), device=device,
                        with_engine=config.rollout == "embedded", spec_tokens=config.spec_tokens,
-                       colocate=config.colocate)
+                       spec_max_rows=speculation_rows(config.spec_max_rows, on_cuda),
+                       cuda_graphs=config.cuda_graphs and on_cuda, host_runtime=runtime, colocate=config.colocate)
 
 
 def follower_main(config: RunConfig) -> None:

@@ -42,7 +42,7 @@ from rollpacker.backends._drain import drain
 from rollpacker.backends.embedded.batch import Row, RunningBatch
 from rollpacker.backends.embedded.memory import EngineMemory
 from rollpacker.backends.embedded.runner import Runner
-from rollpacker.backends.embedded.speculation import SPEC_MAX_ROWS_CUDA, SpeculationStats, Speculator
+from rollpacker.backends.embedded.speculation import SpeculationStats, Speculator, speculation_rows
 from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
 from rollpacker.backends.models import load_model
 from rollpacker.backends.errors import BackendMisuse, EngineFailed
@@ -133,8 +133,7 @@ class EmbeddedEngine:
             raise ConfigError(f"cuda_graphs=True needs the model on CUDA; it is on {next(model.parameters()).device}")
         if attention is None:
             attention = "matmul" if on_cuda else "sdpa"
-        if spec_max_rows is None and on_cuda:
-            speculator.max_rows = SPEC_MAX_ROWS_CUDA
+        speculator.max_rows = speculation_rows(spec_max_rows, on_cuda)
         runner = Runner(model, pad_token_id=int(pad), capacity=capacity, attention=attention,
                         use_graphs=cuda_graphs, cols_per_slot=kv_tokens_per_row,
                         verify_rows=speculator.max_rows, verify_tokens=speculator.num_tokens)

@@ -44,12 +44,12 @@ import time
 import torch
 from transformers import AttentionInterface
 
+from rollpacker.backends.embedded.buckets import COL_MULTIPLE, GraphKey, graph_keys, row_bucket
 from rollpacker.backends.errors import GraphCaptureFailed
 
 log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "rollpacker_slots"
-_ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _MAX_VERIFY_WIDTH = 64  # columns past the context a verify forward may write (drafts beyond the end)
 _MATMUL_MAX_QUERY = 16  # above this many query tokens per row (prefill), use SDPA's fused kernels
 
@@ -138,10 +138,6 @@ class _Graph:
         self.graph, self.ids, self.base, self.logits = graph, ids, base, logits
 
 
-GraphKey = tuple[int, int, int]
-"""(rows bucket, tokens per row, columns attended) of a decode forward."""
-
-
 class Runner:
     """Prefill, decode and verify forwards over one HF causal LM and its slot cache.
 
@@ -180,7 +176,7 @@ class Runner:
         if self.use_graphs and not self.is_cuda:
             raise ValueError(f"CUDA graphs need the model on CUDA; it is on {self.device}")
         self.verify_rows, self.verify_tokens = min(verify_rows, capacity), verify_tokens
-        self.col_multiple = col_multiple or (256 if self.is_cuda else 16)
+        self.col_multiple = col_multiple or COL_MULTIPLE["cuda" if self.is_cuda else "cpu"]
         for module in model.modules():  # read only by our attention function
             if hasattr(module, "layer_idx"):
                 module._rollpacker_sdpa = attention == "sdpa"
@@ -319,28 +315,14 @@ class Runner:
     # -- CUDA graphs -------------------------------------------------------------------------------
 
     def _bucket(self, n: int) -> int:
-        for size in _ROW_BUCKETS:
-            if size >= n:
-                return min(size, self.capacity)
-        return self.capacity
+        return row_bucket(n, self.capacity)
 
     def graph_keys(self, length: int | None = None) -> list[GraphKey]:
         """Every (rows bucket, tokens per row, columns) a decode can use with a cache of `length`
-        columns per slot (default: the cache's): one token per row at every rows bucket, and
-        2 .. verify_tokens + 1 per row at the buckets of up to verify_rows rows (a verify forward is
-        as wide as its longest draft)."""
+        columns per slot (default: the cache's): `buckets.graph_keys` for this runner."""
         length = self.cache.length if length is None else length
-        m = self.col_multiple
-        cols = sorted({min(c, length) for c in range(m, length + m, m)})
-        keys = [(r, 1, c) for r in self._buckets(self.capacity) for c in cols]
-        keys += [(r, t, c) for r in self._buckets(self.verify_rows) for t in range(2, self.verify_tokens + 2)
-                 for c in cols if c > t]
-        return keys
-
-    def _buckets(self, most_rows: int) -> list[int]:
-        """The rows buckets of 1 .. most_rows running rows (each bucket's smallest count, no loop over all)."""
-        counts = [1, *(size + 1 for size in _ROW_BUCKETS)]
-        return sorted({self._bucket(n) for n in counts if n <= most_rows})
+        return graph_keys(capacity=self.capacity, length=length, col_multiple=self.col_multiple,
+                          verify_rows=self.verify_rows, verify_tokens=self.verify_tokens)
 
     def capture_graphs(self) -> None:
         """Capture the graph of every key in `graph_keys` (dropping older ones); adds the time to

@@ -27,6 +27,13 @@ SPEC_MAX_ROWS_CUDA = 4
 there, `benchmarks/spec_decode.py`)."""
 
 
+def speculation_rows(spec_max_rows: int | None, on_cuda: bool) -> int:
+    """The engine's threshold for `spec_max_rows` (None: SPEC_MAX_ROWS_CUDA on CUDA, 0 (off) on CPU)."""
+    if spec_max_rows is None:
+        return SPEC_MAX_ROWS_CUDA if on_cuda else 0
+    return spec_max_rows
+
+
 @define(kw_only=True)
 class SpeculationStats:
     """Counts since the engine started (or since `reset`)."""

@@ -103,6 +103,21 @@ def full_cpu(t):
     return full_tensor(t).cpu().clone()
 
 
+def give_back_freed_memory() -> None:
+    """Return the C allocator's free pages to the system (glibc's malloc_trim, every arena; nothing
+    elsewhere).  glibc keeps freed blocks below its (growing) mmap threshold in its heaps, so on the
+    CPU a forward's activations and logits, or a checkpoint read once, stayed resident after they were
+    freed: measured at SmolLM2-135M, 1.3 GiB after one forward+backward and 0.5 GiB after building the
+    trainer, on top of what the memory plan counts."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @contextlib.contextmanager
 def _quiet_single_process_dcp():
     """torch.distributed.checkpoint warns on every call without a process group (a world of one
@@ -146,6 +161,8 @@ class PolicyTrainer:
         check_micro_batch(batch, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
         chunks = padded_chunks(batch.samples, self.config.max_forward_tokens, pad_multiple=self.pad_multiple)
         local = sum(self._chunk_backward(chunk) for chunk in chunks)
+        if self.device.type == "cpu":
+            give_back_freed_memory()  # the forwards' activations and logits, freed
         totals = self._sum_over_dp(local).tolist()
         stats = TrainStats(loss_sum=totals[0], num_tokens=int(totals[1]), entropy_sum=totals[2],
                            clip_fraction=totals[3] / max(totals[1], 1.0))
@@ -227,6 +244,8 @@ class PolicyTrainer:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         with _quiet_single_process_dcp():
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.fspath(tmp))
+        if self.device.type == "cpu":
+            give_back_freed_memory()  # the save's buffers
         if self.rank == 0:
             state = {"trainer": type(self).__name__, "step": self.step, **self._checkpoint_info()}
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
