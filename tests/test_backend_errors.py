@@ -126,7 +126,7 @@ def test_an_answer_that_is_not_utf8_is_a_protocol_error_naming_the_server():
     latin = _RawServer(b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
     try:
-        with pytest.raises(BackendProtocolError, match=f"server {latin.url}: /get_model_info answered non-JSON"):
+        with pytest.raises(BackendProtocolError, match=f"server {latin.url}: /model_info answered non-JSON"):
             SGLangEngine([latin.url], http=FAST, start_timeout_s=10)
     finally:
         latin.close()
