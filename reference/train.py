@@ -198,6 +198,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
             session.save()  # a kill during the first step resumes from here
         print(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} max_tokens={config.max_tokens}, "
               f"{len(session.prompts)} prompts, model {session.model_dir}")
+        session.evaluate_if_due()  # --eval-every: the weights before the first step (or a resumed one's, if missed)
         while session.step < config.steps:
             bars.begin_step(session.step)
             record = session.run_step()
@@ -207,6 +208,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
             session.check_rewards(record)  # every reward failed: stop before the save, so a resume plays it again
             session.save()
             print(step_line(record), flush=True)
+            session.evaluate_if_due()  # after the save: a kill here re-evaluates on resume, retrains nothing
         session.save_hf()
         run_dir.plot_summary()
         return run_dir.records()

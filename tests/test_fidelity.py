@@ -1,0 +1,91 @@
+"""benchmarks/fidelity.py on the tiny model (real engine, trainer and reward workers): a run trains with
+held-out evaluations, a second call resumes it where the first stopped, a run whose state is gone is
+refused rather than restarted, and the plot and the RESULTS.md section come from the committed metrics
+alone (the run directories deleted).  The held-out set itself: a fixed pool of problems, less
+those the run trains."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.timeout(600)
+def test_runs_resume_across_calls_and_the_report_needs_only_the_metrics(tmp_path):
+    from fidelity import KEPT_FIELDS
+
+    from rollpacker.backends.models import tiny_random_llama
+
+    state, metrics, plot, results = tmp_path / "state", tmp_path / "metrics", tmp_path / "f.png", tmp_path / "R.md"
+    results.write_text("# Benchmark results\n\n## Simulator\n\nkept as it is\n")
+    base = [sys.executable, "benchmarks/fidelity.py", "--setting", "tiny", "--seeds", "0", "--policies", "sync",
+            "--model", str(tiny_random_llama()), "--trainer", "torch", "--state", str(state), "--metrics",
+            str(metrics), "--plot", str(plot), "--results", str(results)]
+
+    def call(*more: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*base, *more], cwd=ROOT, capture_output=True, text=True, timeout=280)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return proc
+
+    call("--steps", "1")
+    sync = metrics / "sync" / "seed0"
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0]
+    assert [e["step"] for e in lines(sync / "eval.jsonl")] == [0, 1]  # before the first step, and after it
+    assert set(lines(sync / "metrics.jsonl")[0]) <= set(KEPT_FIELDS)  # the per-request lists are not committed
+    assert "partial" not in results.read_text()  # 1 of 1 steps: complete
+
+    proc = call("--steps", "2")  # continues the same runs: resumed, not restarted
+    assert "resumed" in (state / "train.log").read_text()
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1]
+    evals = lines(sync / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 1, 2] and all(e["eval_prompts"] == 2 for e in evals)
+    assert "sync/seed0: complete at step 2 of 2" in proc.stdout
+
+    shutil.rmtree(state)  # a fresh machine: the committed metrics are all that is left of the run
+    plot.unlink()
+    proc = call("--steps", "3")
+    assert re.search(r"sync/seed0: its state is gone .* stop at step 2: it cannot continue; --restart-lost", proc.stdout)
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1]  # kept, not replaced
+    assert plot.stat().st_size > 0
+    text = results.read_text()
+    assert "## Simulator\n\nkept as it is" in text
+    section = text[text.index("## Fidelity: reward curves of sync, tail and unbiased tail (tiny)"):]
+    rows = re.findall(r"^\| (sync) \| 0 \| (\d+)( \(partial, of 3\))? \|", section, re.M)
+    assert rows == [("sync", "2", " (partial, of 3)")] and "**Partial**" in section
+    plot.unlink()
+    call("--steps", "3", "--report")  # no training at all: the plot again
+    assert plot.stat().st_size > 0
+
+
+def test_held_out_set_is_a_fixed_pool_less_the_run_s_training_rows():
+    from rollpacker.backends.data.tasks import make_problems, rows_from_problems
+    from rollpacker.core.errors import ConfigError
+    from rollpacker.train.evaluation import EVAL_SEED, held_out_rows
+
+    def questions(rows) -> list[str]:
+        return [r.messages[0]["content"] for r in rows]
+
+    pool = rows_from_problems(make_problems(["chain_sum"], size=64, seed=EVAL_SEED))
+    training = {seed: rows_from_problems(make_problems(["chain_sum"], size=256, seed=seed)) for seed in (0, 1)}
+    for seed, rows in training.items():  # the pool's problems in order, those the seed trains left out
+        held = questions(held_out_rows(["chain_sum"], 32, rows))
+        assert held == [q for q in questions(pool) if q not in set(questions(rows))][:32]
+        assert held == questions(held_out_rows(["chain_sum"], 32, rows))  # the same every time
+    some = pool[:40:2]  # a run whose training rows include 20 of the held-out pool's problems
+    left = questions(held_out_rows(["chain_sum"], 32, some))
+    assert len(left) == 32 and not set(left) & set(questions(some))
+    with pytest.raises(ConfigError, match=r"--eval-prompts 32: the tasks give only 0 problems"):
+        held_out_rows(["chain_sum"], 32, pool)  # every held-out candidate is a training row
