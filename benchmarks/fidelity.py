@@ -71,10 +71,12 @@ SETTINGS = {
                    steps=60, what="basic_arithmetic (2 terms of 1-2 digits, + and -), P=4 R=8, 80 tokens, lr 5e-5, "
                                   "fp32; held-out: 48 prompts, greedy, every 4 steps"),
     "gpu": Setting(("--tasks", "basic_arithmetic", "--prompts", "8", "--samples", "8", "--max-tokens", "80", "--lr",
-                    "5e-5", "--dataset-size", "512", "--eval-every", "3", "--eval-prompts", "48", "--dtype", "float32",
+                    "5e-5", "--dataset-size", "512", "--eval-every", "2", "--eval-prompts", "48", "--dtype", "float32",
                     "--engine-capacity", "128"),
-                   steps=30, what="basic_arithmetic (2 terms of 1-2 digits, + and -), P=8 R=8, 80 tokens, lr 5e-5, "
-                                  "fp32; held-out: 48 prompts, greedy, every 3 steps"),
+                   steps=20, what="basic_arithmetic (2 terms of 1-2 digits, + and -), P=8 R=8, 80 tokens, lr 5e-5, "
+                                  "fp32; held-out: 48 prompts, greedy, every 2 steps; sized for one 8-minute call "
+                                  "(estimated, not yet measured on a GPU: ~40 s start, ~3.5 s a step, ~3 s an "
+                                  "evaluation per run)"),
     "tiny": Setting(("--preset", "tiny_debug", "--tasks", "chain_sum", "--eval-every", "1", "--eval-prompts", "2"),
                     steps=2, what="tiny_debug sizes (CI)"),
 }
@@ -143,8 +145,9 @@ def check_setting(args: argparse.Namespace) -> None:
         theirs = json.loads(path.read_text())
         changed = [k for k in ("flags", "model", "trainer") if theirs.get(k) != mine[k]]
         if changed:
-            raise SystemExit(f"error: {path} holds runs made with another {', '.join(changed)} ({theirs}); "
-                             f"pass another --metrics, or remove that folder to start over")
+            print(f"error: {path} holds runs made with another {', '.join(changed)} ({theirs}); pass another "
+                  f"--metrics, or remove that folder to start over", file=sys.stderr)
+            raise SystemExit(2)
         mine["steps"] = max(mine["steps"], theirs.get("steps", 0))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(mine, indent=1) + "\n")

@@ -69,6 +69,21 @@ def test_runs_resume_across_calls_and_the_report_needs_only_the_metrics(tmp_path
     call("--steps", "3", "--report")  # no training at all: the plot again
     assert plot.stat().st_size > 0
 
+    other = subprocess.run([*base, "--setting", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and f"error: {metrics / 'setting.json'} holds runs made with another flags" in other.stderr
+
+
+def test_eval_every_is_checked_before_any_model_loads(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    for flags, line in ((["--dataset", data, "--prompt-key", "prompt", "--answer-key", "answer", "--eval-every", "2"],
+                         "error: --eval-every draws its held-out set from --tasks: it does not apply to --dataset"),
+                        (["--eval-every", "-1"], "error: --eval-every must be >= 0 and --eval-prompts >= 1, got -1 and 64"),
+                        (["--eval-every", "2", "--eval-prompts", "0"], "--eval-prompts >= 1, got 2 and 0")):
+        proc = subprocess.run([sys.executable, "reference/train.py", *map(str, flags), "--out", str(tmp_path / "run")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
 
 def test_held_out_set_is_a_fixed_pool_less_the_run_s_training_rows():
     from rollpacker.backends.data.tasks import make_problems, rows_from_problems
