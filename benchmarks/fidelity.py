@@ -9,7 +9,9 @@ calls it with the `gpu` setting).
 
 Each run is `reference/train.py` with the setting's flags (SETTINGS), its policy, its --seed and
 --eval-every: a held-out set scored greedily every few steps, outside the timed steps
-(rollpacker/train/evaluation.py).  Runs go one after another: for each seed, sync, tail, tail-unbiased.
+(rollpacker/train/evaluation.py).  One run trains at a time: for each seed, sync, tail, tail-unbiased,
+each to the end, or with --chunk N each N steps in turn (so that a cut leaves curves of equal length;
+each turn starts the trainer again, a minute or two on a loaded CPU).
 
 Where things are:
 - the run directories (weights, optimizer state: about 1.7 GB each for the default model) under
@@ -63,13 +65,30 @@ class Setting:
     steps: int
     what: str
     """The setting in words, for the output and RESULTS.md."""
+    why: str = ""
+    """How it was chosen (measured), for RESULTS.md."""
 
+
+CPU_WHY = (
+    "How it was chosen, by measuring on this machine: SmolLM2-135M-Instruct's greedy replies to chain_sum and "
+    "basic_arithmetic are short (12 and 9 tokens on average over 24 problems each) and end with a number, so the "
+    "last-number extraction reads them; what fails is the arithmetic: greedy scored 0.08 on chain_sum and 0.50 "
+    "on basic_arithmetic, while sampled at temperature 1 (as training samples) the replies ramble and score "
+    "0.05 (chain_sum, a probe step at P=4 R=8, 96 tokens) and 0.06 (basic_arithmetic, this setting's first "
+    "step, a quarter of its groups holding a correct answer). basic_arithmetic leaves the wider room between "
+    "what sampling scores and what the model can already do, so GRPO has something to find in tens of steps; "
+    "lr 5e-5 (5x the trainer's default) so that it moves within them; 80 tokens cut 1 of the 48 greedy held-out "
+    "replies at step 0 while bounding the rambling ones. The first step took 246 s (rollout 74 s, training "
+    "169 s: about 15 trained tokens/s against 100-160 on an idle 2-core machine) under a load average of 15-18 "
+    "from other jobs, the runs at nice 19: on an idle machine a run of 60 steps fits the 30-minute budget, here "
+    "it takes hours.")
 
 SETTINGS = {
     "cpu": Setting(("--tasks", "basic_arithmetic", "--prompts", "4", "--samples", "8", "--max-tokens", "80", "--lr",
                     "5e-5", "--dataset-size", "256", "--eval-every", "4", "--eval-prompts", "48", "--dtype", "float32"),
                    steps=60, what="basic_arithmetic (2 terms of 1-2 digits, + and -), P=4 R=8, 80 tokens, lr 5e-5, "
-                                  "fp32; held-out: 48 prompts, greedy, every 4 steps"),
+                                  "fp32; held-out: 48 prompts, greedy, every 4 steps",
+                   why=CPU_WHY),
     "gpu": Setting(("--tasks", "basic_arithmetic", "--prompts", "8", "--samples", "8", "--max-tokens", "80", "--lr",
                     "5e-5", "--dataset-size", "512", "--eval-every", "2", "--eval-prompts", "48", "--dtype", "float32",
                     "--engine-capacity", "128"),
@@ -100,6 +119,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--seeds", default="0,1", help="comma-separated seeds (each runs every policy)")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     ap.add_argument("--steps", type=int, default=None, help="steps of each run (default: the setting's)")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="steps a run trains before the next run of its seed takes a turn (default: all at once)")
     ap.add_argument("--report", action="store_true", help="no training: the plot and the table from the metrics")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop training after this many seconds (the run in progress is stopped, and resumes next call)")
@@ -115,6 +136,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--results", type=Path, default=RESULTS, help="RESULTS.md to write the section into")
     ap.add_argument("--log", type=Path, default=None, help="append the runs' output here (default: STATE/train.log)")
     args = ap.parse_args(argv)
+    if args.chunk is not None and args.chunk < 1:
+        ap.error(f"--chunk must be >= 1, got {args.chunk}")
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in args.policy_list if p not in POLICIES]
@@ -134,6 +157,7 @@ def runs_of(args: argparse.Namespace) -> list[Run]:
 def setting_record(args: argparse.Namespace) -> dict:
     setting = SETTINGS[args.setting]
     return {"setting": args.setting, "flags": list(setting.flags), "steps": args.steps, "what": setting.what,
+            "why": setting.why,
             "model": args.model, "device": args.device, "trainer": args.trainer}
 
 
@@ -155,14 +179,14 @@ def check_setting(args: argparse.Namespace) -> None:
 
 # -- training --------------------------------------------------------------------------------------
 
-def train_command(run: Run, args: argparse.Namespace) -> list[str] | None:
-    """train.py's command line that takes `run` towards --steps: a resume when its state is there, a
+def train_command(run: Run, args: argparse.Namespace, target: int) -> list[str] | None:
+    """train.py's command line that takes `run` to `target` steps: a resume when its state is there, a
     fresh run when nothing of it exists (or --restart-lost); None when its state is lost."""
     from rollpacker.train.outputs import RunDir
 
     state, metrics = args.state / run.policy / f"seed{run.seed}", args.metrics / run.policy / f"seed{run.seed}"
     if state.exists() and RunDir(state).saved_step() is not None:
-        return [sys.executable, "reference/train.py", "--resume", str(state), "--steps", str(args.steps)]
+        return [sys.executable, "reference/train.py", "--resume", str(state), "--steps", str(target)]
     if committed_steps(metrics) and not args.restart_lost:
         print(f"{run.name}: its state is gone from {state} (a fresh machine?), its committed metrics stop at step "
               f"{committed_steps(metrics)}: it cannot continue; --restart-lost trains it again from step 0",
@@ -172,16 +196,19 @@ def train_command(run: Run, args: argparse.Namespace) -> list[str] | None:
     shutil.rmtree(metrics, ignore_errors=True)
     extra = [flag for name in ("model", "trainer") if getattr(args, name) for flag in (f"--{name}", getattr(args, name))]
     return [sys.executable, "reference/train.py", *SETTINGS[args.setting].flags, *POLICIES[run.policy],
-            "--seed", str(run.seed), "--steps", str(args.steps), "--device", args.device, *extra, "--out", str(state)]
+            "--seed", str(run.seed), "--steps", str(target), "--device", args.device, *extra, "--out", str(state)]
 
 
 def advance(run: Run, args: argparse.Namespace, deadline: float | None) -> str:
-    """Train `run` to --steps (or until `deadline`, time.monotonic()), copying its metrics as it goes;
-    "complete", "stopped" (deadline), "lost" (state gone), or "failed: ..." naming the log."""
+    """Train `run` --chunk steps further, to at most --steps (or until `deadline`, time.monotonic()),
+    copying its metrics as it goes; "complete" (--steps done), "advanced" (its chunk done), "stopped"
+    (deadline), "lost" (state gone), or "failed: ..." naming the log."""
     state, metrics = args.state / run.policy / f"seed{run.seed}", args.metrics / run.policy / f"seed{run.seed}"
-    if committed_steps(metrics) >= args.steps:
+    done = committed_steps(metrics)
+    if done >= args.steps:
         return "complete"
-    cmd = train_command(run, args)
+    target = min(args.steps, done + args.chunk) if args.chunk else args.steps
+    cmd = train_command(run, args, target)
     if cmd is None:
         return "lost"
     args.log.parent.mkdir(parents=True, exist_ok=True)
@@ -195,7 +222,8 @@ def advance(run: Run, args: argparse.Namespace, deadline: float | None) -> str:
         return "stopped"
     if proc.returncode != 0:
         return f"failed: exit status {proc.returncode}; its output is in {args.log}"
-    return "complete" if committed_steps(metrics) >= args.steps else f"failed: it stopped at step {committed_steps(metrics)}"
+    done = committed_steps(metrics)
+    return "complete" if done >= args.steps else "advanced" if done >= target else f"failed: it stopped at step {done}"
 
 
 def watch(proc: subprocess.Popen, state: Path, metrics: Path, every_s: float, deadline: float | None) -> bool:
@@ -238,18 +266,23 @@ def committed_steps(metrics: Path) -> int:
 
 
 def advance_all(args: argparse.Namespace) -> dict[str, str]:
-    """Each run in turn to --steps, until --budget-s is spent; run name -> its outcome."""
+    """For each seed in turn, its runs (one at a time, --chunk steps each in turn, so their curves grow
+    together) to --steps, until --budget-s is spent; run name -> its last outcome."""
     check_setting(args)
     deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
-    outcomes = {}
-    for run in runs_of(args):
-        if deadline is not None and deadline - time.monotonic() < 30:
-            outcomes[run.name] = "not started (budget spent)"
-            continue
-        start = time.monotonic()
-        outcomes[run.name] = advance(run, args, deadline)
-        print(f"{run.name}: {outcomes[run.name]} at step {committed_steps(args.metrics / run.policy / f'seed{run.seed}')}"
-              f" of {args.steps} ({time.monotonic() - start:.0f} s)", flush=True)
+    outcomes: dict[str, str] = {}
+    for seed in args.seed_list:
+        runs = [Run(policy, seed) for policy in args.policy_list]
+        while any(outcomes.get(run.name, "advanced") == "advanced" for run in runs):
+            for run in (r for r in runs if outcomes.get(r.name, "advanced") == "advanced"):
+                if deadline is not None and deadline - time.monotonic() < 30:
+                    outcomes[run.name] = "not finished (budget spent)"
+                    continue
+                start = time.monotonic()
+                outcomes[run.name] = advance(run, args, deadline)
+                print(f"{run.name}: {outcomes[run.name]} at step "
+                      f"{committed_steps(args.metrics / run.policy / f'seed{run.seed}')} of {args.steps} "
+                      f"({time.monotonic() - start:.0f} s)", flush=True)
     return outcomes
 
 
@@ -259,6 +292,8 @@ def main(argv: list[str]) -> int:
     print(f"fidelity, setting {args.setting}: {setting.what}; {len(args.policy_list)} policies "
           f"({', '.join(args.policy_list)}) x seeds {args.seeds}, {args.steps} steps each; runs in {args.state}, "
           f"metrics in {args.metrics}", flush=True)
+    if args.report:
+        check_setting(args)  # (its record, rewritten: the setting's words may be newer than the runs)
     outcomes = {} if args.report else advance_all(args)
     from fidelity_report import report
 

@@ -21,6 +21,8 @@ LAST = 10
 """The final held-out reward is the mean of the last LAST evaluations (and trained reward of the last LAST steps)."""
 STYLES = {"sync": "tab:blue", "tail": "tab:orange", "tail-unbiased": "tab:green"}
 DASHES = ("-", "--", ":", "-.")
+SMOOTH = 5
+"""Per-step curves are plotted as means over this many steps (a step trains only P groups)."""
 TITLE = "Fidelity: reward curves of sync, tail and unbiased tail"
 
 
@@ -126,11 +128,11 @@ def reading(per_policy: dict[str, dict], rows: list[dict]) -> list[str]:
     for policy, p in per_policy.items():
         if policy == "sync":
             continue
-        diff, spread = p["final"] - sync["final"], max(p["spread"], sync["spread"])
-        where = "beyond" if abs(diff) > spread else "within"
-        lines.append(f"{policy} - sync, final held-out reward: {diff:+.3f} ({where} the larger seed range, "
-                     f"{spread:.3f}; {min(p['seeds'], sync['seeds'])} seed(s) each); mean step {p['step_s']:.1f} s "
-                     f"vs sync's {sync['step_s']:.1f} s ({sync['step_s'] / p['step_s']:.2f}x).")
+        diff, spread, seeds = p["final"] - sync["final"], max(p["spread"], sync["spread"]), min(p["seeds"], sync["seeds"])
+        where = f"{'beyond' if abs(diff) > spread else 'within'} the larger seed range, {spread:.3f}" if seeds > 1 \
+            else "one seed: no seed range to compare it with"
+        lines.append(f"{policy} - sync, final held-out reward: {diff:+.3f} ({where}); mean step {p['step_s']:.1f} s "
+                     f"vs sync's {sync['step_s']:.1f} s ({sync['step_s'] / p['step_s']:.2f}x sync's speed).")
     return lines
 
 
@@ -155,6 +157,11 @@ def table_lines(rows: list[dict], target: int, level: float | None) -> list[str]
     return lines
 
 
+def rolling_mean(values: list[float], width: int) -> list[float]:
+    """Each value's mean with up to `width` - 1 values before it."""
+    return [statistics.fmean(values[max(0, i - width + 1): i + 1]) for i in range(len(values))]
+
+
 def plot(curves: list[Curve], path: Path) -> None:
     """Held-out reward, trained reward, kept and launched length against step (left) and training
     time (right): one colour per policy, one dash per seed."""
@@ -163,8 +170,9 @@ def plot(curves: list[Curve], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("held-out reward (greedy)", "eval"), ("mean reward of trained samples", "mean_reward"),
-              ("mean kept (trained) length", "mean_kept_length"), ("mean launched length", "mean_generated_length")]
+    panels = [("held-out reward (greedy)", "eval"), (f"trained samples' reward\n({SMOOTH}-step mean)", "mean_reward"),
+              (f"kept (trained) length\n({SMOOTH}-step mean)", "mean_kept_length"),
+              (f"launched length, aborted at\ntheir cut ({SMOOTH}-step mean)", "mean_generated_length")]
     fig, axes = plt.subplots(len(panels), 2, figsize=(12, 3.2 * len(panels)), sharex="col")
     seeds = sorted({c.seed for c in curves})
     for c in curves:
@@ -176,7 +184,7 @@ def plot(curves: list[Curve], path: Path) -> None:
                 ts = [times[min(s, len(times) - 1)] for s in xs]
                 style_here = dict(style, marker=".")
             else:
-                xs, ys = [r["step"] + 1 for r in c.steps], [r[key] for r in c.steps]
+                xs, ys = [r["step"] + 1 for r in c.steps], rolling_mean([r[key] for r in c.steps], SMOOTH)
                 ts, style_here = times[1:], dict(style, alpha=0.8, linewidth=1)
             axes[row][0].plot(xs, ys, **style_here)
             axes[row][1].plot([t / 60 for t in ts], ys, **style_here)
@@ -209,7 +217,8 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
              f"`--seed`. Made by `python benchmarks/fidelity.py` from the metrics in "
              f"`{_relative(metrics)}` (plot: `{_relative(plot_path)}`)."
              + ("" if done else " **Partial**: the runs below marked partial are still training (or were cut); "
-                                "runs not listed have not started."), "",
+                                "runs not listed have not started."),
+             *(["", setting["why"]] if setting.get("why") else []), "",
              *table_lines(rows, target, level), "",
              "Final held-out reward per policy (mean over seeds, and the range between seeds): "
              + "; ".join(f"{p} {v['final']:.3f} (range {v['spread']:.3f}, {v['seeds']} seed(s))"

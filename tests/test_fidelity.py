@@ -1,5 +1,5 @@
 """benchmarks/fidelity.py on the tiny model (real engine, trainer and reward workers): a run trains with
-held-out evaluations, a second call resumes it where the first stopped, a run whose state is gone is
+held-out evaluations, a second call resumes it where the first stopped (a step per turn with --chunk), a run whose state is gone is
 refused rather than restarted, and the plot and the RESULTS.md section come from the committed metrics
 alone (the run directories deleted).  The held-out set itself: a fixed pool of problems, less
 those the run trains."""
@@ -47,26 +47,26 @@ def test_runs_resume_across_calls_and_the_report_needs_only_the_metrics(tmp_path
     assert set(lines(sync / "metrics.jsonl")[0]) <= set(KEPT_FIELDS)  # the per-request lists are not committed
     assert "partial" not in results.read_text()  # 1 of 1 steps: complete
 
-    proc = call("--steps", "2")  # continues the same runs: resumed, not restarted
-    assert "resumed" in (state / "train.log").read_text()
-    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1]
+    proc = call("--steps", "3", "--chunk", "1")  # continues the same run, a step per turn: resumed twice
+    assert (state / "train.log").read_text().count("resumed") == 2
+    assert re.findall(r"sync/seed0: (\w+) at step (\d)", proc.stdout) == [("advanced", "2"), ("complete", "3")]
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2]
     evals = lines(sync / "eval.jsonl")
-    assert [e["step"] for e in evals] == [0, 1, 2] and all(e["eval_prompts"] == 2 for e in evals)
-    assert "sync/seed0: complete at step 2 of 2" in proc.stdout
+    assert [e["step"] for e in evals] == [0, 1, 2, 3] and all(e["eval_prompts"] == 2 for e in evals)
 
     shutil.rmtree(state)  # a fresh machine: the committed metrics are all that is left of the run
     plot.unlink()
-    proc = call("--steps", "3")
-    assert re.search(r"sync/seed0: its state is gone .* stop at step 2: it cannot continue; --restart-lost", proc.stdout)
-    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1]  # kept, not replaced
+    proc = call("--steps", "4")
+    assert re.search(r"sync/seed0: its state is gone .* stop at step 3: it cannot continue; --restart-lost", proc.stdout)
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2]  # kept, not replaced
     assert plot.stat().st_size > 0
     text = results.read_text()
     assert "## Simulator\n\nkept as it is" in text
     section = text[text.index("## Fidelity: reward curves of sync, tail and unbiased tail (tiny)"):]
-    rows = re.findall(r"^\| (sync) \| 0 \| (\d+)( \(partial, of 3\))? \|", section, re.M)
-    assert rows == [("sync", "2", " (partial, of 3)")] and "**Partial**" in section
+    rows = re.findall(r"^\| (sync) \| 0 \| (\d+)( \(partial, of 4\))? \|", section, re.M)
+    assert rows == [("sync", "3", " (partial, of 4)")] and "**Partial**" in section
     plot.unlink()
-    call("--steps", "3", "--report")  # no training at all: the plot again
+    call("--steps", "4", "--report")  # no training at all: the plot again
     assert plot.stat().st_size > 0
 
     other = subprocess.run([*base, "--setting", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
