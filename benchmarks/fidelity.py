@@ -80,8 +80,9 @@ CPU_WHY = (
     "lr 5e-5 (5x the trainer's default) so that it moves within them; 80 tokens cut 1 of the 48 greedy held-out "
     "replies at step 0 while bounding the rambling ones. The first step took 246 s (rollout 74 s, training "
     "169 s: about 15 trained tokens/s against 100-160 on an idle 2-core machine) under a load average of 15-18 "
-    "from other jobs, the runs at nice 19: on an idle machine a run of 60 steps fits the 30-minute budget, here "
-    "it takes hours.")
+    "from other jobs, the runs at nice 19. On an idle machine a step would take some 30-40 s (estimated from those "
+    "rates and the engine's 124 tokens/s at 16 rows), a run of 60 steps about the 30-minute budget; here a run "
+    "takes hours, and spans sessions.")
 
 SETTINGS = {
     "cpu": Setting(("--tasks", "basic_arithmetic", "--prompts", "4", "--samples", "8", "--max-tokens", "80", "--lr",

@@ -68,18 +68,19 @@ def _mean(values) -> float | None:
 
 def run_row(c: Curve, level: float | None) -> dict:
     evals = c.evals
+    trained = [e for e in evals if e["step"] > 0]  # the final figure is of trained weights only
     first, last = c.steps[:LAST], c.steps[-LAST:]
     reached = next((e for e in evals if level is not None and e["eval_reward"] >= level), None)
     return {"policy": c.policy, "seed": c.seed, "steps": len(c.steps), "evals": len(evals),
             "eval_start": evals[0]["eval_reward"] if evals and evals[0]["step"] == 0 else None,
-            "eval_final": _mean(e["eval_reward"] for e in evals[-LAST:]), "final_evals": len(evals[-LAST:]),
+            "eval_final": _mean(e["eval_reward"] for e in trained[-LAST:]), "final_evals": len(trained[-LAST:]),
             "train_reward_first": _mean(r["mean_reward"] for r in first),
             "train_reward_last": _mean(r["mean_reward"] for r in last),
             "kept_first": _mean(r["mean_kept_length"] for r in first), "kept_last": _mean(r["mean_kept_length"] for r in last),
             "launched_first": _mean(r["mean_generated_length"] for r in first),
             "launched_last": _mean(r["mean_generated_length"] for r in last),
             "eval_length_first": evals[0]["eval_length"] if evals else None,
-            "eval_length_last": _mean(e["eval_length"] for e in evals[-LAST:]),
+            "eval_length_last": _mean(e["eval_length"] for e in trained[-LAST:]),
             "train_s": c.train_time(), "step_s": c.train_time() / len(c.steps),
             "time_to_level": None if reached is None else c.train_time(reached["step"]),
             "step_to_level": None if reached is None else reached["step"],
@@ -87,16 +88,18 @@ def run_row(c: Curve, level: float | None) -> dict:
 
 
 def reward_level(curves: list[Curve]) -> float | None:
-    """Halfway from the mean held-out reward before training to the lowest policy's mean final one."""
+    """Halfway from the mean held-out reward before training to the lowest policy's mean final one
+    (None unless every policy ends above the start)."""
     starts = [c.evals[0]["eval_reward"] for c in curves if c.evals and c.evals[0]["step"] == 0]
     finals: dict[str, list[float]] = {}
     for c in curves:
-        if len(c.evals) > 1:
-            finals.setdefault(c.policy, []).append(statistics.fmean(e["eval_reward"] for e in c.evals[-LAST:]))
+        trained = [e["eval_reward"] for e in c.evals if e["step"] > 0]
+        if trained:
+            finals.setdefault(c.policy, []).append(statistics.fmean(trained[-LAST:]))
     if not starts or not finals:
         return None
-    low = min(statistics.fmean(v) for v in finals.values())
-    return round(statistics.fmean(starts) + (low - statistics.fmean(starts)) / 2, 3)
+    low, start = min(statistics.fmean(v) for v in finals.values()), statistics.fmean(starts)
+    return round(start + (low - start) / 2, 3) if low > start else None  # None: some policy did not rise
 
 
 def policy_rows(rows: list[dict]) -> dict[str, dict]:
@@ -141,8 +144,8 @@ def _f(value, fmt: str = ".3f") -> str:
 
 
 def table_lines(rows: list[dict], target: int, level: float | None) -> list[str]:
-    lines = [f"| policy | seed | steps | held-out reward: before -> final (mean of last {LAST} evals) | trained reward, "
-             f"first {LAST} -> last {LAST} steps | kept length, first -> last {LAST} steps | launched length | held-out "
+    lines = [f"| policy | seed | steps | held-out reward: before -> final (mean of the last {LAST} evals after a step) "
+             f"| trained reward, first {LAST} -> last {LAST} steps (they overlap below {2 * LAST} steps) | kept length, first -> last {LAST} steps | launched length | held-out "
              f"length | mean step s | training s | s (step) to held-out reward {_f(level)} |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
