@@ -126,6 +126,8 @@ def reading(per_policy: dict[str, dict], rows: list[dict]) -> list[str]:
         if r["policy"] == "sync" and r["eval_start"] is not None and r["eval_final"] is not None:
             lines.append(f"sync seed {r['seed']}: held-out reward {r['eval_start']:.3f} before training, "
                          f"{r['eval_final']:.3f} at the end ({r['eval_final'] - r['eval_start']:+.3f}).")
+    lines.append("Step times come from whatever else the machine ran meanwhile: runs made at different loads (a shared "
+                 "CPU) compare only roughly; the tokens kept and wasted per step are in the metrics.")
     if sync is None:
         return lines
     for policy, p in per_policy.items():
