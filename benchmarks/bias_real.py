@@ -40,6 +40,7 @@ from pathlib import Path
 import attrs
 
 from rollpacker.train.config import SECTIONS, RunConfig, parse
+from rollpacker.train.evaluation import generate_all, score_all
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.session import Session
 
@@ -159,29 +160,18 @@ def first_difference(a, b) -> int:
 
 def regenerate(engine, requests) -> dict[str, tuple[int, ...]]:
     """Token ids of `requests` generated again to their end (same prompt, resumed ids, seed, max tokens)."""
-    from rollpacker.core.protocols import GenerationResult
-
     again = {f"{r.request_id}/again": r.request_id for r in requests}
-    engine.submit([attrs.evolve(r, request_id=f"{r.request_id}/again") for r in requests])
-    out: dict[str, tuple[int, ...]] = {}
-    while len(out) < len(again):
-        for result in engine.poll(timeout=1.0):
-            if isinstance(result, GenerationResult) and result.request_id in again:
-                assert result.finish_reason != "abort", result
-                out[again[result.request_id]] = result.token_ids
-    return out
+    results = generate_all(engine, [attrs.evolve(r, request_id=f"{r.request_id}/again") for r in requests])
+    for result in results.values():
+        assert result.finish_reason != "abort", result
+    return {again[rid]: result.token_ids for rid, result in results.items()}
 
 
 def score(session: Session, responses: dict[str, tuple[int, tuple[int, ...]]]) -> dict[str, float]:
-    """Rewards of `responses` (id -> (prompt index, response ids)) by the run's reward workers."""
-    for rid, (prompt, ids) in responses.items():
-        session.rewards.submit(session.prompts.reward_job(rid, prompt, ids))
-    rewards: dict[str, float] = {}
-    while len(rewards) < len(responses):
-        for outcome in session.rewards.poll(timeout=1.0):
-            if outcome.request_id in responses:  # (not a late one the run's last step discarded)
-                rewards[outcome.request_id] = 0.0 if outcome.failed else outcome.reward
-    return rewards
+    """Rewards of `responses` (id -> (prompt index, response ids)) by the run's reward workers (a late
+    answer of the run's last step is not one of them)."""
+    jobs = [session.prompts.reward_job(rid, prompt, ids) for rid, (prompt, ids) in responses.items()]
+    return {rid: reward for rid, (reward, _) in score_all(session.rewards, jobs).items()}
 
 
 # -- the table -------------------------------------------------------------------------------------

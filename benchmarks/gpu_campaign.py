@@ -18,10 +18,10 @@ before the next, and a crash in one keeps the others):
   tests     `pytest -m gpu -o addopts=-ra tests`: every gpu-marked test, found by its marker;
   compare   `reference/train.py --compare sync,tail` (P=16, R=8, 512 tokens) from the same weights and
             seed: the step-time ratio sync/policy is the speed-up;
-  fidelity  reward curves of sync, tail, and tail with unbiased groups (--tail.eta-responses 1.0) on the
-            same seed, to --fidelity-steps each: every call advances the three runs (--resume) until
-            --budget-s is spent, so call it again until it says "complete"; then a plot and a table
-            (mean reward of the last 10 steps, and its spread across groups).
+  fidelity  benchmarks/fidelity.py's `gpu` setting: reward curves of sync, tail, and tail with unbiased
+            groups (--tail.eta-responses 1.0) from the same weights and seed 0, one after another,
+            sized to end within one call (--budget-s; its first line says the sizes and steps); a run
+            cut at the budget resumes at the next call on the same machine; then its plot and table.
 
 Every part appends the full log of each child process it runs (the command, its stdout and stderr, its
 exit status) to `<--logs>/<part>.log`, and one JSON line of its figures (or its error) to
@@ -37,7 +37,7 @@ copying them out each time:
     $C --part spec; cp -r /tmp/campaign $OUT/            # ~3 min
     $C --part tests; cp -r /tmp/campaign $OUT/           # ~4 min
     $C --part compare; cp -r /tmp/campaign $OUT/         # ~6 min
-    $C --part fidelity; cp -r /tmp/campaign $OUT/        # repeat until it prints "fidelity: complete"
+    $C --part fidelity; cp -r /tmp/campaign $OUT/        # ~7 min; "fidelity: complete" (else call it again)
 """
 
 from __future__ import annotations
@@ -69,9 +69,6 @@ TRAIN_SIZES = {"full": ["--steps", "6", "--prompts", "16", "--samples", "8", "--
                         "--engine-capacity", "160", "--micro-batch-tokens", "1024", "--dataset-size", "512",
                         "--reward-workers", "8"],
                "tiny": ["--preset", "tiny_debug", "--steps", "1"]}
-FIDELITY_SIZES = {"full": TRAIN_SIZES["full"][2:], "tiny": ["--preset", "tiny_debug"]}
-FIDELITY_RUNS = {"sync": ["--policy", "sync"], "tail": ["--policy", "tail"],
-                 "tail-unbiased": ["--policy", "tail", "--tail.eta-responses", "1.0"]}
 # what the campaign imports: required, and optional with what needs it
 REQUIRED_MODULES = ("torch", "transformers", "safetensors", "attrs", "immutables", "numpy", "aiohttp", "tyro",
                     "tqdm", "matplotlib", "gguf", "reasoning_gym")
@@ -95,9 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="default: bfloat16 on cuda, else float32")
     ap.add_argument("--policies", default="sync,tail", help="the compare part's --compare list; the first is the baseline")
-    ap.add_argument("--fidelity-steps", type=int, default=None, help="steps of each fidelity run (default 60; tiny: 2)")
-    ap.add_argument("--fidelity-chunk", type=int, default=None,
-                    help="steps a fidelity run advances per child process (default 5; tiny: 1)")
+    ap.add_argument("--fidelity-steps", type=int, default=None,
+                    help="steps of each fidelity run (default: benchmarks/fidelity.py's gpu setting; tiny: 2)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="seconds a part may run (its child is stopped at the limit; fidelity resumes next call)")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke run of every part")
@@ -110,8 +106,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if bad:
         ap.error(f"--part: unknown part(s) {', '.join(bad)}; choose from {', '.join(PARTS)} or all")
     args.logs = args.logs or args.out / "logs"
-    args.fidelity_steps = args.fidelity_steps or (2 if args.tiny else 60)
-    args.fidelity_chunk = args.fidelity_chunk or (1 if args.tiny else 5)
     return args
 
 
@@ -242,84 +236,28 @@ def run_trainer(args: argparse.Namespace, size: str) -> dict:
 
 
 def run_fidelity(args: argparse.Namespace, size: str) -> dict:
-    """Advance the three runs (same seed) by --fidelity-chunk steps each in turn, resuming, until each
-    has --fidelity-steps or --budget-s is spent; the curves once all are complete."""
-    deadline = time.monotonic() + args.budget_s
-    for _ in range(args.fidelity_steps):
-        behind = [(name, steps_done(args.out / "fidelity" / name)) for name in FIDELITY_RUNS]
-        behind = [(name, done) for name, done in behind if done < args.fidelity_steps]
-        if not behind:
-            break
-        for name, done in behind:
-            left = deadline - time.monotonic()
-            if left < 30:
-                return {"complete": False, "steps": {n: steps_done(args.out / "fidelity" / n) for n in FIDELITY_RUNS}}
-            run_dir = args.out / "fidelity" / name
-            target = ["--steps", str(min(done + args.fidelity_chunk, args.fidelity_steps))]
-            if (run_dir / "state").exists():
-                cmd = [sys.executable, "reference/train.py", "--resume", str(run_dir), *target]
-            else:
-                shutil.rmtree(run_dir, ignore_errors=True)  # a first call killed before its first state
-                cmd = [sys.executable, "reference/train.py", *FIDELITY_SIZES[size], *FIDELITY_RUNS[name], *target,
-                       "--seed", "0", "--device", args.device, "--trainer", args.trainer, "--dtype", args.dtype,
-                       "--out", str(run_dir), *(["--model", args.model] if args.model else [])]
-            try:
-                run_logged(cmd, args, "fidelity", timeout=left)
-            except PartFailed:
-                if time.monotonic() < deadline - 1:
-                    raise
-                return {"complete": False, "steps": {n: steps_done(args.out / "fidelity" / n) for n in FIDELITY_RUNS}}
-    curves = {name: [json.loads(line) for line in (args.out / "fidelity" / name / "metrics.jsonl").read_text().splitlines()]
-              for name in FIDELITY_RUNS}
-    plot = args.logs / "fidelity.png"
-    plot_fidelity(curves, plot)
-    return {"complete": True, "plot": str(plot), **fidelity_table(curves)}
+    """benchmarks/fidelity.py (setting gpu, or tiny), seed 0, the three policies in turn within
+    --budget-s; the runs stay in OUT/fidelity, so a later call on the same machine resumes a cut one."""
+    import fidelity
+    from fidelity_report import report
 
-
-def steps_done(run_dir: Path) -> int:
-    metrics = run_dir / "metrics.jsonl"
-    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
-
-
-def fidelity_table(curves: dict[str, list[dict]], last: int = 10) -> dict:
-    """Per run: the mean reward of its last `last` steps, and the spread (sd) of its groups' mean
-    rewards over those steps (a group: one prompt's trained responses in one step)."""
-    import statistics
-
-    table = {}
-    for name, records in curves.items():
-        tail = records[-last:]
-        groups = [statistics.fmean(rewards) for r in tail for rewards in _group_rewards(r).values()]
-        table[name] = {"steps": len(records), "mean_reward_last": round(statistics.fmean(r["mean_reward"] for r in tail), 4),
-                       "group_sd": round(statistics.pstdev(groups), 4) if groups else None, "groups": len(groups)}
-    return {"last_steps": last, "runs": table}
-
-
-def _group_rewards(record: dict) -> dict:
-    """Rewards of a step's finished requests by prompt (record["requests"]: prompt, tokens, reason, id, reward)."""
-    groups: dict = {}
-    for prompt, _tokens, _reason, _rid, reward in record.get("requests", []):
-        if reward is not None:
-            groups.setdefault(str(prompt), []).append(reward)
-    return groups
-
-
-def plot_fidelity(curves: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, records in curves.items():
-        ax.plot([r["step"] for r in records], [r["mean_reward"] for r in records], label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward of trained samples")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    flags = ["--setting", "tiny" if size == "tiny" else "gpu", "--seeds", "0", "--device", args.device,
+             "--trainer", args.trainer, "--budget-s", str(args.budget_s), "--state", str(args.out / "fidelity"),
+             "--metrics", str(args.logs / "fidelity"), "--plot", str(args.logs / "fidelity.png"),
+             "--log", str(args.logs / "fidelity.log"), *(["--model", args.model] if args.model else []),
+             *(["--steps", str(args.fidelity_steps)] if args.fidelity_steps else [])]
+    fargs = fidelity.parse_args(flags)
+    what = (f"{len(fargs.policy_list)} policies ({', '.join(fargs.policy_list)}), seed 0, {fargs.steps} steps each: "
+            f"{fidelity.SETTINGS[fargs.setting].what}")
+    print(f"fidelity: {what}", flush=True)
+    outcomes = fidelity.advance_all(fargs)
+    failed = {name: outcome for name, outcome in outcomes.items() if outcome.startswith("failed")}
+    if failed:
+        raise PartFailed("; ".join(f"{name} {outcome}" for name, outcome in failed.items()))
+    summary = report(fargs.metrics, fargs.plot, None, fidelity.runs_of(fargs), fargs.steps)
+    return {"complete": summary["complete"], "what": what, "outcomes": outcomes, "plot": str(fargs.plot),
+            "command": _shown([sys.executable, "benchmarks/fidelity.py", *flags]), "text": summary["text"],
+            "rows": summary["rows"]}
 
 
 def trainer_worker(spec: dict) -> dict:
@@ -413,13 +351,9 @@ def tests_body(r: dict, header: str) -> str:
 
 
 def fidelity_body(r: dict, header: str) -> str:
-    if not r["complete"]:
-        return "\n".join([header, "", f"Incomplete: steps so far {r['steps']}; run the fidelity part again."])
-    lines = [header, "", f"Plot: `{Path(r['plot']).name}` (reward per step of each run).", "",
-             f"| run | steps | mean reward, last {r['last_steps']} steps | sd across groups | groups |", "|---|---|---|---|---|"]
-    lines += [f"| {name} | {t['steps']} | {t['mean_reward_last']} | {t['group_sd']} | {t['groups']} |"
-              for name, t in r["runs"].items()]
-    return "\n".join(lines)
+    state = "complete" if r["complete"] else "incomplete (cut at --budget-s: call the part again)"
+    return "\n".join([header, "", f"What: {r['what']}; {state}.", "", f"Command: `{r['command']}`", "",
+                      f"Plot: `{Path(r['plot']).name}`.", "", r["text"]])
 
 
 def main(argv: list[str]) -> int:
@@ -469,7 +403,8 @@ def main(argv: list[str]) -> int:
         write_section(title, body, subsection=subsection, path=args.results)
         print(body, flush=True)
         if part == "fidelity":
-            print(f"fidelity: {'complete' if figures['complete'] else 'incomplete, call again'}", flush=True)
+            print(f"fidelity: {figures['what']}: {'complete' if figures['complete'] else 'incomplete, call again'}",
+                  flush=True)
     return 1 if failed else 0
 
 

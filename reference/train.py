@@ -201,6 +201,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
         phase(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} "
               f"max_tokens={config.max_tokens}, {len(session.prompts)} prompts, model {session.model_dir}; step "
               f"{session.step} starts")
+        session.evaluate_if_due()  # --eval-every: the weights before the first step (or a resumed one's, if missed)
         while session.step < config.steps:
             bars.begin_step(session.step)
             record = session.run_step()
@@ -210,6 +211,7 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
             run_dir.plot_timeline(session.loop.last_timeline, record, session.engine.capacity)
             session.check_rewards(record)  # every reward failed: stop before the save, so a resume plays it again
             session.save()
+            session.evaluate_if_due()  # after the save: a kill here re-evaluates on resume, retrains nothing
         session.save_hf()
         run_dir.plot_summary()
         return run_dir.records()

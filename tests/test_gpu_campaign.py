@@ -124,3 +124,23 @@ def test_the_tests_part_runs_every_gpu_marked_test_found_by_its_marker(tmp_path)
     assert _test_files(skipped) == expected
     (figures,) = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
     assert figures["skipped"] == len(marked) and not figures.get("passed")
+
+
+@pytest.mark.timeout(400)
+def test_fidelity_part_says_what_it_runs_and_runs_the_three_policies_through_benchmarks_fidelity(tmp_path):
+    """The part is benchmarks/fidelity.py (one driver): its first line and its section say the sizes and
+    steps; the three policies train on seed 0 within one call and their table is in the section."""
+    from rollpacker.backends.models import tiny_random_llama
+
+    logs, results = tmp_path / "logs", tmp_path / "R.md"
+    cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer", "torch",
+           "--model", str(tiny_random_llama()), "--out", str(tmp_path / "runs"), "--logs", str(logs),
+           "--results", str(results), "--part", "fidelity", "--fidelity-steps", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=380)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    what = "3 policies (sync, tail, tail-unbiased), seed 0, 1 steps each: tiny_debug sizes (CI)"
+    assert f"fidelity: {what}\n" in proc.stdout and f"fidelity: {what}: complete" in proc.stdout
+    section = results.read_text().split("### Fidelity: reward curves")[1]
+    assert f"What: {what}; complete." in section and "`python benchmarks/fidelity.py --setting tiny --seeds 0" in section
+    assert re.findall(r"^\| (sync|tail|tail-unbiased) \| 0 \| 1 \|", section, re.M) == ["sync", "tail", "tail-unbiased"]
+    assert (logs / "fidelity.png").stat().st_size > 0 and "$ " in (logs / "fidelity.log").read_text()

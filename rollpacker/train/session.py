@@ -136,6 +136,11 @@ class Session:
             if isinstance(self.trainer, LeaderTrainer):  # rank 0's line is the only one
                 self.trainer.stop()
             raise
+        self.evaluator = None
+        if config.eval_every:
+            from rollpacker.train.evaluation import HeldOutEval
+
+            self.evaluator = HeldOutEval(config, self.model_dir, self.device, self.prompts)
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
                              LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,
                                         step_timeout_s=config.step_timeout_s, colocate=config.colocate),
@@ -223,6 +228,19 @@ class Session:
             f"--resume {self.run_dir.path} (the step is played again), or pass --allow-failed-rewards to train "
             f"on reward 0")
 
+    def evaluate_if_due(self) -> dict | None:
+        """With --eval-every K: at a multiple of K steps not evaluated yet, score the held-out set with
+        the current weights, log it (eval.jsonl), print it and return it."""
+        every = self.config.eval_every
+        if not every or self.step % every or self.step in self.run_dir.eval_steps():
+            return None
+        from rollpacker.train.evaluation import eval_summary
+
+        record = self.evaluator.run(self.trainer, self.step)
+        self.run_dir.log_eval(record)
+        print(eval_summary(record), flush=True)
+        return record
+
     def save(self) -> None:
         """Resumable state after a finished step; the config is
         saved with the plugin modules the run needs (a resume without them names them)."""
@@ -240,7 +258,9 @@ class Session:
         self.loop.close()
         if isinstance(self.trainer, LeaderTrainer):
             self.trainer.stop()
-        for part in (self.rewards, self.engine):
+        for part in (self.rewards, self.engine, self.evaluator):
+            if part is None:
+                continue
             try:
                 part.close()
             except Exception:  # noqa: BLE001 - closing on the way out must not mask the real error

@@ -1,0 +1,118 @@
+"""Held-out evaluation of a run (--eval-every K): a fixed set of prompts that no step trains, decoded
+greedily with the run's current weights every K steps (and before the first), scored by the run's
+reward function.
+
+The prompts are the first --eval-prompts problems of the run's --tasks drawn with a seed of their own
+(`EVAL_SEED`) that are not among the run's training rows: every run of the same tasks and --seed (any
+--policy) is scored on the same prompts; another --seed trains other rows, so the few problems of the
+pool it trains (easy tasks repeat short problems) are replaced by the next ones.
+
+The evaluation has an engine of its own (a copy of the model; the trainer's weights are loaded into it
+before each evaluation) and a scoring worker of its own: nothing of the run's rollout (requests still
+being aborted, rewards of carried groups still in flight) is touched.  It runs between steps, after the
+step's state is saved, so no step's time (`step_s`) includes it; its own time is `eval_s`.  Each
+evaluation is one line of RUN_DIR/eval.jsonl: the steps trained before it, mean reward, mean response
+length, how many replies hit --max-tokens, and the seconds it took.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from rollpacker.core.errors import ConfigError
+from rollpacker.core.protocols import GenerationRequest, GenerationResult, RewardJob
+
+EVAL_SEED = 7_919
+"""Seed of the held-out problems (no run's --seed enters it)."""
+
+
+def generate_all(engine, requests: Sequence[GenerationRequest]) -> dict[str, GenerationResult]:
+    """Submit `requests` and wait for each one's result (by request id); other results are ignored."""
+    wanted = {r.request_id for r in requests}
+    engine.submit(list(requests))
+    results: dict[str, GenerationResult] = {}
+    while len(results) < len(wanted):
+        for result in engine.poll(timeout=1.0):
+            if isinstance(result, GenerationResult) and result.request_id in wanted:
+                results[result.request_id] = result
+    return results
+
+
+def score_all(rewards, jobs: Sequence[RewardJob]) -> dict[str, tuple[float, bool]]:
+    """(reward, failed) of each job (by request id) from the reward executor `rewards`; a failed
+    scoring counts as reward 0.  Outcomes of other jobs (a past step's, late) are ignored."""
+    wanted = {job.request_id for job in jobs}
+    for job in jobs:
+        rewards.submit(job)
+    outcomes: dict[str, tuple[float, bool]] = {}
+    while len(outcomes) < len(wanted):
+        for outcome in rewards.poll(timeout=1.0):
+            if outcome.request_id in wanted:
+                outcomes[outcome.request_id] = (0.0 if outcome.failed else outcome.reward, outcome.failed)
+    return outcomes
+
+
+def held_out_rows(tasks: Sequence[str] | None, num_prompts: int, training_rows) -> list:
+    """`num_prompts` PromptRows of `tasks` (None: the default mix) drawn with EVAL_SEED, none whose
+    question is a training row's; a ConfigError when the tasks cannot give that many."""
+    from rollpacker.backends.data.tasks import make_problems, rows_from_problems
+
+    trained = {row.messages[0]["content"] for row in training_rows}
+    rows = [row for row in rows_from_problems(make_problems(tasks, size=2 * num_prompts, seed=EVAL_SEED))
+            if row.messages[0]["content"] not in trained][:num_prompts]
+    if len(rows) < num_prompts:
+        raise ConfigError(f"--eval-prompts {num_prompts}: the tasks give only {len(rows)} problems that are not "
+                          f"training rows; lower --eval-prompts")
+    return rows
+
+
+class HeldOutEval:
+    """The held-out set of a run, with the engine and the scoring worker that evaluate it."""
+
+    def __init__(self, config, model_dir, device: str, training) -> None:
+        """`training`: the run's RowPrompts (its rows are left out, its tokenizer renders the prompts)."""
+        from rollpacker.backends.data.rows import render_rows
+        from rollpacker.backends.embedded.engine import EmbeddedEngine
+        from rollpacker.train.session import RowPrompts
+
+        rows = held_out_rows(list(config.tasks) or None, config.eval_prompts, training.rows)
+        rows, ids, _ = render_rows(rows, training.tokenizer, context=None, max_tokens=config.max_tokens,
+                                   skip_long=False)
+        self.prompts = RowPrompts(rows, ids, training.tokenizer, config.reward_deadline_s)
+        self.max_tokens = config.max_tokens
+        self.engine = EmbeddedEngine(model_dir, capacity=len(rows), dtype=config.dtype, device=device,
+                                     seed=config.seed, spec_max_rows=0)
+        self.rewards = attrs.evolve(config.rewards_options(), reward_workers=1).build()
+
+    def run(self, trainer, step: int) -> dict:
+        """Evaluate the trainer's current weights (`step`: the optimizer steps they have had)."""
+        from rollpacker.driver import sync_weights
+
+        start = time.perf_counter()
+        sync_weights(self.engine, trainer, version=step)
+        requests = [GenerationRequest(f"eval{step}-{i}", self.prompts.prompt_ids(i), max_new_tokens=self.max_tokens,
+                                      temperature=0.0, seed=0) for i in range(len(self.prompts))]
+        results = generate_all(self.engine, requests)
+        jobs = [self.prompts.reward_job(r.request_id, i, results[r.request_id].token_ids)
+                for i, r in enumerate(requests)]
+        scores = score_all(self.rewards, jobs)
+        lengths = [len(results[r.request_id].token_ids) for r in requests]
+        return {"step": step, "eval_reward": sum(s for s, _ in scores.values()) / len(scores),
+                "eval_length": sum(lengths) / len(lengths), "eval_prompts": len(requests),
+                "eval_truncated": sum(results[r.request_id].finish_reason == "length" for r in requests),
+                "eval_failed": sum(failed for _, failed in scores.values()),
+                "eval_s": round(time.perf_counter() - start, 3)}
+
+    def close(self) -> None:
+        for part in (self.rewards, self.engine):
+            part.close()
+
+
+def eval_summary(record: Mapping) -> str:
+    """The line the trainer prints after an evaluation."""
+    return (f"eval after {record['step']} steps: reward {record['eval_reward']:.3f} on {record['eval_prompts']} "
+            f"held-out prompts (greedy), mean length {record['eval_length']:.1f} tokens, "
+            f"{record['eval_truncated']} at --max-tokens, {record['eval_s']:.1f} s")

@@ -1,0 +1,106 @@
+"""benchmarks/fidelity.py on the tiny model (real engine, trainer and reward workers): a run trains with
+held-out evaluations, a second call resumes it where the first stopped (a step per turn with --chunk), a run whose state is gone is
+refused rather than restarted, and the plot and the RESULTS.md section come from the committed metrics
+alone (the run directories deleted).  The held-out set itself: a fixed pool of problems, less
+those the run trains."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.timeout(600)
+def test_runs_resume_across_calls_and_the_report_needs_only_the_metrics(tmp_path):
+    from fidelity import KEPT_FIELDS
+
+    from rollpacker.backends.models import tiny_random_llama
+
+    state, metrics, plot, results = tmp_path / "state", tmp_path / "metrics", tmp_path / "f.png", tmp_path / "R.md"
+    results.write_text("# Benchmark results\n\n## Simulator\n\nkept as it is\n")
+    base = [sys.executable, "benchmarks/fidelity.py", "--setting", "tiny", "--seeds", "0", "--policies", "sync",
+            "--model", str(tiny_random_llama()), "--trainer", "torch", "--state", str(state), "--metrics",
+            str(metrics), "--plot", str(plot), "--results", str(results)]
+
+    def call(*more: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*base, *more], cwd=ROOT, capture_output=True, text=True, timeout=280)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return proc
+
+    call("--steps", "1")
+    sync = metrics / "sync" / "seed0"
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0]
+    assert [e["step"] for e in lines(sync / "eval.jsonl")] == [0, 1]  # before the first step, and after it
+    assert set(lines(sync / "metrics.jsonl")[0]) <= set(KEPT_FIELDS)  # the per-request lists are not committed
+    assert "partial" not in results.read_text()  # 1 of 1 steps: complete
+
+    proc = call("--steps", "3", "--chunk", "1")  # continues the same run, a step per turn: resumed twice
+    assert (state / "train.log").read_text().count("resumed") == 2
+    assert re.findall(r"sync/seed0: (\w+) at step (\d)", proc.stdout) == [("advanced", "2"), ("complete", "3")]
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2]
+    evals = lines(sync / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 1, 2, 3] and all(e["eval_prompts"] == 2 for e in evals)
+
+    shutil.rmtree(state)  # a fresh machine: the committed metrics are all that is left of the run
+    plot.unlink()
+    proc = call("--steps", "4")
+    assert re.search(r"sync/seed0: its state is gone .* stop at step 3: it cannot continue; --restart-lost", proc.stdout)
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2]  # kept, not replaced
+    assert plot.stat().st_size > 0
+    text = results.read_text()
+    assert "## Simulator\n\nkept as it is" in text
+    section = text[text.index("## Fidelity: reward curves of sync, tail and unbiased tail (tiny)"):]
+    rows = re.findall(r"^\| (sync) \| 0 \| (\d+)( \(partial, of 4\))? \|", section, re.M)
+    assert rows == [("sync", "3", " (partial, of 4)")] and "**Partial**" in section
+    plot.unlink()
+    call("--steps", "4", "--report")  # no training at all: the plot again
+    assert plot.stat().st_size > 0
+
+    other = subprocess.run([*base, "--setting", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and f"error: {metrics / 'setting.json'} holds runs made with another flags" in other.stderr
+
+
+def test_eval_every_is_checked_before_any_model_loads(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    for flags, line in ((["--dataset", data, "--prompt-key", "prompt", "--answer-key", "answer", "--eval-every", "2"],
+                         "error: --eval-every draws its held-out set from --tasks: it does not apply to --dataset"),
+                        (["--eval-every", "-1"], "error: --eval-every must be >= 0 and --eval-prompts >= 1, got -1 and 64"),
+                        (["--eval-every", "2", "--eval-prompts", "0"], "--eval-prompts >= 1, got 2 and 0")):
+        proc = subprocess.run([sys.executable, "reference/train.py", *map(str, flags), "--out", str(tmp_path / "run")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_held_out_set_is_a_fixed_pool_less_the_run_s_training_rows():
+    from rollpacker.backends.data.tasks import make_problems, rows_from_problems
+    from rollpacker.core.errors import ConfigError
+    from rollpacker.train.evaluation import EVAL_SEED, held_out_rows
+
+    def questions(rows) -> list[str]:
+        return [r.messages[0]["content"] for r in rows]
+
+    pool = rows_from_problems(make_problems(["chain_sum"], size=64, seed=EVAL_SEED))
+    training = {seed: rows_from_problems(make_problems(["chain_sum"], size=256, seed=seed)) for seed in (0, 1)}
+    for seed, rows in training.items():  # the pool's problems in order, those the seed trains left out
+        held = questions(held_out_rows(["chain_sum"], 32, rows))
+        assert held == [q for q in questions(pool) if q not in set(questions(rows))][:32]
+        assert held == questions(held_out_rows(["chain_sum"], 32, rows))  # the same every time
+    some = pool[:40:2]  # a run whose training rows include 20 of the held-out pool's problems
+    left = questions(held_out_rows(["chain_sum"], 32, some))
+    assert len(left) == 32 and not set(left) & set(questions(some))
+    with pytest.raises(ConfigError, match=r"--eval-prompts 32: the tasks give only 0 problems"):
+        held_out_rows(["chain_sum"], 32, pool)  # every held-out candidate is a training row
