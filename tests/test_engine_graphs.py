@@ -63,7 +63,9 @@ def test_bucket_keys_are_exhaustive_and_cheap_for_any_capacity(model):
                 assert (runner._bucket(n), t, runner._read_len(need)) in keys, (n, t, need)
     assert max(c for _, _, c in keys) == 256 and len(keys) == len(set(keys))
     huge = Runner(model, 0, capacity=10**9)
-    assert [r for r, _, _ in huge.graph_keys(length=64)][-1] == 10**9
+    assert huge.graph_keys(length=64)[0] == (10**9, 1, 64)  # the largest forward, captured first
+    ordered = runner.graph_keys()
+    assert ordered == sorted(ordered, key=lambda k: (k[0] * k[1], k[2]), reverse=True)
 
 
 def test_cuda_graphs_on_a_cpu_model_is_one_clear_error(model):
@@ -110,13 +112,13 @@ def test_a_capture_that_fails_raises_naming_the_bucket(cuda_model):
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("an op that cannot be captured")
 
-    # the first bucket captured: one row, one token, the first column bucket of a cache of exactly 40 columns
+    # the first bucket captured: the largest forward (two rows, one token, all 40 columns of the cache)
     rows, tokens, columns = Runner(cuda_model, 0, capacity=2).graph_keys(length=40)[0]
-    assert (rows, tokens) == (1, 1) and columns <= 40
+    assert (rows, tokens, columns) == (2, 1, 40)
     hook = cuda_model.model.layers[0].register_forward_hook(uncapturable)
     try:
-        with pytest.raises(GraphCaptureFailed, match=rf"rows=1 tokens_per_row=1 columns={columns} failed: RuntimeError: "
-                                                     r"an op that cannot be captured"):
+        failed_bucket = rf"rows={rows} tokens_per_row={tokens} columns={columns} failed: RuntimeError: an op that"
+        with pytest.raises(GraphCaptureFailed, match=failed_bucket):
             EmbeddedEngine(cuda_model, capacity=2, kv_tokens_per_row=40)
         # no cache size up front: the capture runs at the first prefill, and the failure ends the engine loudly
         engine = EmbeddedEngine(cuda_model, capacity=2, stop_token_ids=())
@@ -187,7 +189,10 @@ def test_the_memory_plan_covers_what_the_graphs_keep():
         kv = engine.memory_bytes()["kv_cache"]
         graphs = torch.cuda.memory_reserved() - reserved - kv
         driver = free - torch.cuda.mem_get_info()[0] - kv  # also what the driver keeps per graph (not planned)
-        outputs = sum(g.logits.untyped_storage().nbytes() for g in runner._graphs.values())
+        storages = {g.logits.untyped_storage().data_ptr(): g.logits.untyped_storage().nbytes()
+                    for g in runner._graphs.values()}
+        outputs = sum(storages.values())
+        assert len(storages) == 1, "every graph writes the one logits buffer"
         assert kv == plan.items["kv_cache"] and set(runner._graphs) == set(runner.graph_keys())
         assert outputs == cuda_graph_bytes(shape, 2, runner.graph_keys())[0]
         assert outputs <= graphs <= plan.items["cuda_graphs"], (

@@ -5,6 +5,7 @@ engine's logits equal to the trainer's after a weight sync there (each on the CP
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from devices import DEVICES
@@ -70,4 +71,6 @@ def test_memory_plan_refuses_a_run_larger_than_the_gpu(tiny_model, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "memory plan (cuda):" in proc.stdout
     error = proc.stderr.strip().splitlines()[-1]
-    assert "biggest: kv cache" in error and "--engine-capacity" in error and "Traceback" not in proc.stderr
+    # at a billion rows the decode graphs' logits outweigh the tiny model's KV cache: the plan names its biggest item
+    assert re.search(r"biggest: (kv cache|cuda graphs) [0-9.]+ GiB", error), error
+    assert "--engine-capacity" in error and "Traceback" not in proc.stderr

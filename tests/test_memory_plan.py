@@ -144,12 +144,13 @@ def test_plan_covers_torch_cuda_max_memory_allocated():
 # -- the embedded engine's items: speculation's columns and the CUDA graphs -------------------------
 
 
-def test_cuda_graphs_are_every_graphs_float32_logits_plus_the_largest_forward():
-    """Capacity 256 (14 rows buckets, 883 rows in all), 1024 + 4 columns (buckets 256 .. 1024, 1028),
-    speculation at up to 4 rows (buckets 1, 2, 4) with 4 drafts (2 .. 5 tokens per row)."""
+def test_cuda_graphs_are_one_float32_logits_buffer_plus_the_largest_forward():
+    """Capacity 256 (14 rows buckets), 1024 + 4 columns (buckets 256 .. 1024, 1028), speculation at up to
+    4 rows (buckets 1, 2, 4) with 4 drafts (2 .. 5 tokens per row): every graph writes one logits buffer
+    as wide as the widest graph (256 rows x 1 token; a verify is at most 4 x 5)."""
     plan = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True)
     assert plan.kv_tokens_per_row == 1028 and plan.items["kv_cache"] == 256 * 1028 * 30 * 2 * 3 * 64 * 4
-    outputs = (883 * 5 + (1 + 2 + 4) * (2 + 3 + 4 + 5) * 5) * 49152 * 4
+    outputs = 256 * 49152 * 4
     # the largest forward: 256 rows x 1 token over 1028 columns: 3 float32 score copies (9 heads), the MLP
     workspace = 256 * (3 * 9 * 1028 * 4 + (3 * 1536 + 4 * 576) * 4)
     assert plan.items["cuda_graphs"] == outputs + workspace
@@ -158,7 +159,7 @@ def test_cuda_graphs_are_every_graphs_float32_logits_plus_the_largest_forward():
     assert bf16.items["cuda_graphs"] == outputs + 256 * (3 * 9 * 1028 * 4 + 49152 * 2 + (3 * 1536 + 4 * 576) * 2)
     # no speculation: no drafts' columns, no verify graphs
     assert smollm2_plan(spec_tokens=4, cuda_graphs=True).items["cuda_graphs"] == \
-        883 * 4 * 49152 * 4 + 256 * (3 * 9 * 1024 * 4 + (3 * 1536 + 4 * 576) * 4)
+        outputs + 256 * (3 * 9 * 1024 * 4 + (3 * 1536 + 4 * 576) * 4)
     # colocated, the graphs go with the engine's weights
     colocated = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True, colocate=True)
     engine = sum(plan.items[k] for k in ("engine_weights", "kv_cache", "cuda_graphs"))

@@ -206,13 +206,13 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
 
 
 def cuda_graph_bytes(shape: ModelShape, b: int, keys: list[GraphKey]) -> tuple[int, int]:
-    """(static outputs, workspace) that the decode graphs of `keys` keep in their memory pool, b bytes
-    per element.  Outputs: each graph's float32 logits [rows, tokens, vocab], kept for its replays.
-    Workspace: the transients of the largest forward (rows x tokens x columns), which later captures
-    reuse: its attention scores in float32 (the product, the scaled and the masked copies), the
-    logits in b before their float32 copy (below float32), the MLP's three ffn-wide tensors and a
-    few hidden-wide ones."""
-    outputs = sum(rows * t * shape.vocab * 4 for rows, t, _ in keys)
+    """(static outputs, workspace) that the decode graphs of `keys` keep, b bytes per element.
+    Outputs: one float32 logits buffer `[rows x tokens, vocab]` of the widest graph, which every
+    graph writes.  Workspace: the transients of the largest forward (rows x tokens x columns), held
+    in the graphs' pool; it is captured first and later captures reuse them: its attention scores in
+    float32 (the product, the scaled and the masked copies), the logits in b before their float32
+    copy (below float32), the MLP's three ffn-wide tensors and a few hidden-wide ones."""
+    outputs = max((rows * t for rows, t, _ in keys), default=0) * shape.vocab * 4
     logits_b = shape.vocab * b if b < 4 else 0
     workspace = max((rows * t * (3 * shape.num_heads * cols * 4 + logits_b + (3 * shape.ffn + 4 * shape.hidden) * b)
                      for rows, t, cols in keys), default=0)

@@ -31,9 +31,11 @@ def row_buckets(most_rows: int, capacity: int) -> list[int]:
 def graph_keys(*, capacity: int, length: int, col_multiple: int, verify_rows: int, verify_tokens: int) -> list[GraphKey]:
     """Every (rows bucket, tokens per row, columns) a decode can use with a cache of `length` columns
     per slot: one token per row at every rows bucket, and 2 .. verify_tokens + 1 per row at the
-    buckets of up to verify_rows rows (a verify forward is as wide as its longest draft)."""
+    buckets of up to verify_rows rows (a verify forward is as wide as its longest draft).  In capture
+    order: the largest forward (most rows x tokens, then most columns) first, so the transients it
+    leaves free in the graphs' shared pool hold every later capture's."""
     cols = sorted({min(c, length) for c in range(col_multiple, length + col_multiple, col_multiple)})
     keys = [(r, 1, c) for r in row_buckets(capacity, capacity) for c in cols]
     keys += [(r, t, c) for r in row_buckets(min(verify_rows, capacity), capacity)
              for t in range(2, verify_tokens + 2) for c in cols if c > t]
-    return keys
+    return sorted(keys, key=lambda k: (k[0] * k[1], k[2]), reverse=True)

@@ -37,6 +37,7 @@ Theory of operation
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import logging
 import time
@@ -183,6 +184,9 @@ class Runner:
         self.cache: SlotCache | None = None
         self._graphs: dict[GraphKey, _Graph] = {}
         self._pool = None
+        self._out: torch.Tensor | None = None
+        """The float32 logits every graph writes, `[rows x tokens, vocab]` of the widest: one buffer for all
+        (a replay's logits are read before the next replay), not one per graph."""
         self.capture_s = 0.0
         """Seconds spent capturing CUDA graphs so far (apart from any decode step's time)."""
         self.decode_keys: set[GraphKey] = set()
@@ -231,6 +235,7 @@ class Runner:
         """Forget every captured graph and its memory pool (the tensors they replay are moving)."""
         self._graphs.clear()
         self._pool = None
+        self._out = None
 
     def restore(self) -> None:
         """After a release (colocated mode): with graphs, allocate the cache at its planned size and
@@ -325,13 +330,28 @@ class Runner:
                           verify_rows=self.verify_rows, verify_tokens=self.verify_tokens)
 
     def capture_graphs(self) -> None:
-        """Capture the graph of every key in `graph_keys` (dropping older ones); adds the time to
-        `capture_s`.  Raises `GraphCaptureFailed` naming the first bucket that fails."""
+        """Capture the graph of every key in `graph_keys` (dropping older ones), the largest forward
+        first so that the later ones reuse its transients in the shared pool; adds the time to
+        `capture_s`.  Raises `GraphCaptureFailed` naming the first bucket that fails.
+
+        Python's cyclic garbage collector is run before and held off during the captures: a dead
+        cycle that still holds an old graph, collected by an allocation inside a capture, would
+        reset that graph mid-capture, which invalidates the capture (seen on an H200)."""
         start = time.perf_counter()
         self._graphs.clear()
+        gc.collect()
         torch.cuda.synchronize(self.device)
-        for key in self.graph_keys():
-            self._graphs[key] = self._capture(*key)
+        keys = self.graph_keys()
+        widest = max(rows * t for rows, t, _ in keys)
+        self._out = torch.empty(widest, self.lm_head.weight.shape[0], dtype=torch.float32, device=self.device)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for key in keys:
+                self._graphs[key] = self._capture(*key)
+        finally:
+            if collecting:
+                gc.enable()
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - start
         log.info("captured %d CUDA graphs of decode in %.1f s", len(self._graphs), time.perf_counter() - start)
@@ -366,8 +386,9 @@ class Runner:
             graph = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
+            logits = self._out[: rows * t].view(rows, t, -1)
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                logits = self._logits(0, ids, static_base, read_len)
+                logits.copy_(self.lm_head(self._hidden(0, ids, static_base, read_len)))
         except Exception as exc:
             raise GraphCaptureFailed(f"capturing the CUDA graph of {_describe((rows, t, read_len))} failed: "
                                      f"{type(exc).__name__}: {exc}") from exc
