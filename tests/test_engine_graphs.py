@@ -119,9 +119,9 @@ def test_a_capture_that_fails_raises_naming_the_bucket(cuda_model):
     try:
         failed_bucket = rf"rows={rows} tokens_per_row={tokens} columns={columns} failed: RuntimeError: an op that"
         with pytest.raises(GraphCaptureFailed, match=failed_bucket):
-            EmbeddedEngine(cuda_model, capacity=2, kv_tokens_per_row=40)
+            EmbeddedEngine(cuda_model, capacity=2, kv_tokens_per_row=40, spec_max_rows=0)
         # no cache size up front: the capture runs at the first prefill, and the failure ends the engine loudly
-        engine = EmbeddedEngine(cuda_model, capacity=2, stop_token_ids=())
+        engine = EmbeddedEngine(cuda_model, capacity=2, stop_token_ids=(), spec_max_rows=0)
         engine.submit([GenerationRequest("a", (5, 6, 7), 4)])
         with pytest.raises(EngineFailed) as failed:
             while True:

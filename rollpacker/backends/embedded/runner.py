@@ -341,6 +341,7 @@ class Runner:
         self._graphs.clear()
         gc.collect()
         torch.cuda.synchronize(self.device)
+        self._pool = torch.cuda.graph_pool_handle()  # a fresh pool: the old one went with the old graphs
         keys = self.graph_keys()
         widest = max(rows * t for rows, t, _ in keys)
         self._out = torch.empty(widest, self.lm_head.weight.shape[0], dtype=torch.float32, device=self.device)
@@ -384,8 +385,6 @@ class Runner:
                 self._logits(0, ids, static_base, read_len)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
             logits = self._out[: rows * t].view(rows, t, -1)
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 logits.copy_(self.lm_head(self._hidden(0, ids, static_base, read_len)))
