@@ -41,6 +41,13 @@ def test_core_imports_no_torch_nor_backends():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_driver_imports_no_backend():
+    """The driver runs the core against the Protocols: its errors (TrainerFailed) come from the core."""
+    code = "import sys, rollpacker.driver; bad = [m for m in sys.modules if m.startswith('rollpacker.backends')]; " \
+           "print(bad); assert not bad"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # -- prompt pool -----------------------------------------------------------------------------------
 
 pool_ops = st.lists(st.tuples(st.sampled_from(["take", "defer", "release", "complete", "take_deferred", "record"]),

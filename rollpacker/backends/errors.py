@@ -24,11 +24,8 @@ URL, request id or micro-batch sample; a bug inside a backend is not wrapped.
 
 from __future__ import annotations
 
-from rollpacker.core.errors import RollpackerError
-
-
-class BackendError(RollpackerError):
-    """A backend (rollout engine, reward executor, trainer) failed or answered wrongly."""
+from rollpacker.core.errors import BackendError, TrainerFailed  # (defined with the core: the driver raises
+# TrainerFailed and catches BackendError without importing a backend)
 
 
 class SGLangError(BackendError):
@@ -70,11 +67,6 @@ class BackendMisuse(BackendError, ValueError):
     """A backend was called in a way it cannot take (it is closed; a request id already running,
     or never submitted); the message names the id.  The engine's misuse, not the core's:
     `SchedulerMisuse` is for events the core's state machines refuse."""
-
-
-class TrainerFailed(BackendError):
-    """A trainer call on the driver's train worker thread raised (the trainer's own error, an
-    `InvalidMicroBatch` included, is the cause); the message names the micro-batch or call."""
 
 
 __all__ = [

@@ -3,8 +3,10 @@
 `ConfigError` is bad input at a constructor boundary; `SchedulerMisuse` is a driver that fed an
 event the state machine cannot accept (unknown or duplicate request id, a reward for a sample that
 was never kept).  Both are `ValueError`s and name the field or request they are about.  A backend
-that fails or answers wrongly raises a `BackendError`, a `RollpackerError` defined with the backends
-(the core imports none of them).
+that fails or answers wrongly raises a `BackendError`: its base is here, beside the Protocols the
+backends implement, so a driver catches backend failures without importing a backend; the backends'
+own kinds are in `rollpacker.backends.errors` (which re-exports these two).  `TrainerFailed` is the
+driver's train worker's (a trainer call on its thread raised).
 """
 
 
@@ -18,3 +20,12 @@ class ConfigError(RollpackerError, ValueError):
 
 class SchedulerMisuse(RollpackerError, ValueError):
     """The driver fed an event that the current state cannot take; the message names the request."""
+
+
+class BackendError(RollpackerError):
+    """A backend (rollout engine, reward executor, trainer) failed or answered wrongly."""
+
+
+class TrainerFailed(BackendError):
+    """A trainer call on the driver's train worker thread raised (the trainer's own error, an
+    `InvalidMicroBatch` included, is the cause); the message names the micro-batch or call."""

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from attrs import frozen
 
-from rollpacker.backends.errors import TrainerFailed
+from rollpacker.core.errors import TrainerFailed
 from rollpacker.core.protocols import MicroBatch, Trainer, TrainStats
 
 from .clock import Clock
