@@ -43,7 +43,7 @@ class RecordingBackend:
 
 
 def launch(n: int) -> LaunchRequest:
-    return LaunchRequest(f"rp{n:012d}", PromptKey(0, 0), n, 8, 0)
+    return LaunchRequest(f"rp{n:012d}", PromptKey(0, 0), n, 8, 0, seed=n)
 
 
 def test_commands_run_in_the_cores_order_with_consecutive_launches_batched():

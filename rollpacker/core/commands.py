@@ -22,6 +22,9 @@ class LaunchRequest:
     sample_index: int
     max_new_tokens: int
     policy_version: int
+    seed: int
+    """The engine samples this request with this seed (`records.sampling_seed` of the run's seed and
+    the request number): distinct within a group, so its R samples differ; the same on a rerun."""
     resume: tuple[Segment, ...] = ()
 
     @property

@@ -50,7 +50,7 @@ from .commands import (
 from .errors import ConfigError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, TokensGenerated
 from .prompt_pool import PromptPool
-from .records import Sample, Segment, replace, request_id, request_number
+from .records import Sample, Segment, replace, request_id, request_number, sampling_seed
 from .round_state import Cons, Group, PlannerState, RequestRecord, RoundState, Tally, cons_iter
 from .states import GroupState, RequestState, RoundPhase, transition
 
@@ -155,7 +155,8 @@ class Draft:
             for number, (index, prefix) in zip(numbers, batch):
                 self.requests = self.requests.set(number, RequestRecord(group.prompt, slot, index, prefix, step))
                 max_new = self.policy.max_tokens - segments_tokens(prefix)
-                self.commands.append(LaunchRequest(request_id(number), group.prompt, index, max_new, step, prefix))
+                seed = sampling_seed(self.state.pool.seed, number)
+                self.commands.append(LaunchRequest(request_id(number), group.prompt, index, max_new, step, seed, prefix))
             self.groups = self.groups.set(slot, replace(group, pending=rest, running=group.running.union(numbers)))
             if not rest:
                 self.queue = self.queue[1:]

@@ -13,6 +13,8 @@ from .errors import SchedulerMisuse
 # no id may be a prefix of another: a fixed width guarantees it.
 REQUEST_ID_PREFIX = "rp"
 REQUEST_ID_DIGITS = 12
+SEED_RANGE = 1 << 31
+"""Sampling seeds lie in [0, 2**31): every engine takes them (SGLang's sampling_seed, torch generators)."""
 
 
 def request_id(number: int) -> str:
@@ -28,6 +30,13 @@ def request_number(rid: str) -> int:
     if type(rid) is str and len(rid) == _ID_LENGTH and rid[:2] == REQUEST_ID_PREFIX and rid[2:].isdigit():
         return int(rid[2:])
     raise SchedulerMisuse(f"unknown request id {rid!r}: not one of ours (expected rp + 12 digits)")
+
+
+def sampling_seed(run_seed: int, number: int) -> int:
+    """The sampling seed of our `number`-th request in a run seeded `run_seed` (`LaunchRequest.seed`):
+    distinct for every request of the run (its first 2**31), so the samples of a group differ, and
+    the same when the run is repeated with its seed."""
+    return (run_seed * 1_000_003 + number) % SEED_RANGE
 
 
 @frozen(order=True)

@@ -21,6 +21,7 @@ the engine's memory is released before they train (waited for after the round, s
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -35,6 +36,7 @@ from rollpacker.core import (
     LaunchRequest,
     RequestAborted,
     RequestFinished,
+    RewardScored,
     Scheduler,
     ScoreSample,
     SetTensorParallel,
@@ -54,11 +56,11 @@ from rollpacker.core.protocols import (
     TrainSample,
     Trainer,
 )
-from rollpacker.core.records import PromptKey, Sample, Segment, request_number
+from rollpacker.core.records import PromptKey, Sample, Segment
 
 from .clock import Clock, WallClock
 from .colocate import Colocation
-from .loop import Driver, Input, Notice, ScorerAnswered, StepBegun
+from .loop import DeadlinePassed, Driver, Input, Notice, ScorerAnswered, StepBegun
 from .step_log import Interval, StepLog
 from .train_worker import OPTIMIZER_STEP, TrainerRan, TrainWorker
 
@@ -99,8 +101,6 @@ class LoopConfig:
     """Sampling temperature of rollouts."""
     top_p: float = 1.0
     """Nucleus sampling threshold of rollouts."""
-    seed: int = 0
-    """Base seed; each request's seed is derived from it and the request number."""
     use_engine_logprobs: bool = True
     """Use the rollout engine's log-probs as the old policy's (else the trainer recomputes them)."""
     poll_s: float = 0.02
@@ -135,19 +135,22 @@ class LiveBackend:
         """Intervals of kept samples that may still be scored or trained (a carried group's, in a later step)."""
         self._reward_jobs: dict[str, RewardJob] = {}
         """Reward jobs of kept samples waiting for the core to start their scoring."""
+        self._deadlines: list[float] = []
+        """The started scorings' `StartScoring.deadline`s, a heap: `wait` tells the core when one passed."""
         self._log = StepLog(start=clock.now())
         self.colocation = Colocation(engine) if self.config.colocate else None
 
     # -- what the driver tells -------------------------------------------------------------------
 
     def observe(self, notice: Notice) -> None:
-        """The driver's notices, each to its method below.  A `RewardScored` needs nothing: the
-        executor enforces the deadline itself, and its outcome was recorded as it came (`wait`)."""
+        """The driver's notices, each to its method below."""
         match notice:
             case StepBegun():
                 self.begin_step(notice.commands)
             case ScoreSample():
                 self.keep(notice.sample)
+            case RewardScored():
+                self.scored(notice)
             case CloseGroup():
                 self.close_group(notice)
             case EndRound():
@@ -168,7 +171,9 @@ class LiveBackend:
 
     def wait(self) -> list[Input]:
         """Poll the trainer and the reward executor, then the engine (waiting up to `poll_s` on
-        whichever is due); the trainer's finished micro-batches are recorded, never waited for."""
+        whichever is due); the trainer's finished micro-batches are recorded, never waited for.
+        Once the clock passes a `StartScoring.deadline`, a `DeadlinePassed` comes first: the core
+        expires what its deadline cut, before any answer of the same poll (which is then late)."""
         log = self._log
         self._check_deadline(log)
         self._trained(self.worker.poll())
@@ -178,18 +183,20 @@ class LiveBackend:
         if not outputs and not outcomes and not waiting_on_engine:
             outcomes = self.rewards.poll(timeout=self.config.poll_s)
         inputs: list[Input] = [self._engine_event(out) for out in outputs if isinstance(out, GenerationResult)]
-        for outcome in outcomes:
-            reward = outcome.reward if not outcome.failed else 0.0
-            log.rewards[outcome.request_id] = self.sample_rewards[outcome.request_id] = reward
-            scored = self._kept.get(outcome.request_id)
-            if scored is not None:  # (its interval may be a past step's: a carried group's reward)
-                scored.reward = reward
-            log.failed_rewards += outcome.failed
-            log.rewards_done = self.clock.now() - log.start
-            inputs.append(ScorerAnswered(outcome.request_id, reward, outcome.failed, outcome.latency_s))
+        inputs += [ScorerAnswered(o.request_id, o.reward, o.failed, o.latency_s) for o in outcomes]
+        if self._deadline_passed():
+            inputs.insert(0, DeadlinePassed())
         if inputs:
             self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
         return inputs
+
+    def _deadline_passed(self) -> bool:
+        """Whether the clock passed a scoring's deadline since the last call (its deadlines are dropped)."""
+        now, passed = self.clock.now(), False
+        while self._deadlines and self._deadlines[0] <= now:
+            heapq.heappop(self._deadlines)
+            passed = True
+        return passed
 
     def _engine_event(self, result: GenerationResult) -> RequestFinished | RequestAborted:
         self.tokens[result.request_id] = result
@@ -237,9 +244,21 @@ class LiveBackend:
         self._reward_jobs[sample.request_id] = job
 
     def start_scoring(self, command: StartScoring) -> None:
-        """Send the job to the executor with the core's deadline for it."""
+        """Send the job to the executor with the core's timeout (its worker is killed past it), and
+        expire it by the core's clock at `command.deadline` (`wait`), as the simulator does."""
         self._log.reward_waits.append(command.queued_s)
         self.rewards.submit(attrs.evolve(self._reward_jobs.pop(command.request_id), deadline_s=command.timeout))
+        heapq.heappush(self._deadlines, command.deadline)
+
+    def scored(self, event: RewardScored) -> None:
+        """Record the reward the core settled (0 for a failure or a scoring its deadline cut)."""
+        log = self._log
+        log.rewards[event.request_id] = self.sample_rewards[event.request_id] = event.reward
+        interval = self._kept.get(event.request_id)
+        if interval is not None:  # (its interval may be a past step's: a carried group's reward)
+            interval.reward = event.reward
+        log.failed_rewards += event.failed
+        log.rewards_done = self.clock.now() - log.start
 
     def close_group(self, command: CloseGroup) -> None:
         self._log.groups.append(tuple(s.request_id for s in command.samples))
@@ -315,14 +334,13 @@ class LiveBackend:
     # -- token ids -------------------------------------------------------------------------------
 
     def _generation_request(self, c: LaunchRequest) -> GenerationRequest:
-        number = request_number(c.request_id)
         return GenerationRequest(
             request_id=c.request_id,
             prompt_ids=self.prompts.prompt_ids(c.prompt.index),
             max_new_tokens=c.max_new_tokens,
             temperature=self.config.temperature,
             top_p=self.config.top_p,
-            seed=(self.config.seed * 1_000_003 + number) % (1 << 31),
+            seed=c.seed,
             resume_ids=self._response_ids(c.resume),
             group=c.sibling_group,
         )

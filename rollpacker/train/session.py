@@ -142,7 +142,7 @@ class Session:
 
             self.evaluator = HeldOutEval(config, self.model_dir, self.device, self.prompts)
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
-                             LoopConfig(temperature=config.temperature, top_p=config.top_p, seed=config.seed,
+                             LoopConfig(temperature=config.temperature, top_p=config.top_p,
                                         step_timeout_s=config.step_timeout_s, colocate=config.colocate),
                              on_progress=on_progress)
 
