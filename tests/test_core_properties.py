@@ -22,6 +22,7 @@ from rollpacker.core import (
     make_policy,
 )
 from rollpacker.core.prompt_pool import COMPLETED
+from rollpacker.core.records import SEED_RANGE, request_number, sampling_seed
 
 POLICY_VARIANTS = [
     ("sync", {}),
@@ -107,6 +108,41 @@ def test_every_step_trains_p_prompts_once_and_loses_none(name, knobs, run):
                 assert len(ref.sample.segments) == 1 and ref.sample.segments[0].policy_version == mb.step
     if is_on_policy:
         assert all(e.report.offpolicy_tokens == 0 for e in ends)
+
+
+@given(run_seed=st.integers(0, SEED_RANGE - 1), other=st.integers(0, SEED_RANGE - 1),
+       numbers=st.sets(st.integers(0, SEED_RANGE - 1), min_size=1, max_size=50))
+def test_sampling_seeds_are_distinct_within_a_run_and_move_with_the_run_seed(run_seed, other, numbers):
+    """Any of a run's first 2**31 requests: seeds in the engines' range, no two alike."""
+    seeds = [sampling_seed(run_seed, n) for n in numbers]
+    assert all(0 <= x < SEED_RANGE for x in seeds)
+    assert len(set(seeds)) == len(seeds)
+    if other != run_seed:  # another run seed changes every request's seed
+        assert all(sampling_seed(other, n) != x for n, x in zip(numbers, seeds))
+
+
+@pytest.mark.parametrize("name,knobs", POLICY_VARIANTS, ids=[f"{n}{k}" for n, k in POLICY_VARIANTS])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs)
+def test_every_launch_carries_its_own_seed_fixed_by_the_run_seed(name, knobs, run):
+    """The core decides each request's sampling seed: distinct across the run's requests (a group's
+    R samples, a resumed request's segments included), the same when the run is played again."""
+    def launches() -> list[LaunchRequest]:
+        _, sched = build(name, knobs, run)
+        backend = RandomBackend(sched, seed=run["seed"], max_tokens=run["max_tokens"], engine_fail_rate=run["fail_rate"])
+        for _ in range(run["steps"]):
+            backend.run_step()
+        return backend.launches
+
+    first = launches()
+    seeds = [c.seed for c in first]
+    assert len(set(seeds)) == len(seeds), "two requests of the run share a sampling seed"
+    groups: dict = {}
+    for c in first:
+        groups.setdefault((c.prompt, c.policy_version), []).append(c.seed)
+    assert all(len(set(g)) == len(g) for g in groups.values()), "a group's samples share a seed"
+    assert seeds == [sampling_seed(run["seed"], request_number(c.request_id)) for c in first]
+    assert [(c.request_id, c.seed) for c in launches()] == [(c.request_id, c.seed) for c in first]
 
 
 @pytest.mark.parametrize("name,knobs", POLICY_VARIANTS, ids=[f"{n}{k}" for n, k in POLICY_VARIANTS])
