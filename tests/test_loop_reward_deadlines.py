@@ -1,24 +1,33 @@
 """Real runs score with the core's adaptive deadlines: StepLoop hands each reward job to real worker
-processes with the deadline the core's Scheduler gives that sample (RollPacker's T = min(max(t_min,
-1.5 x slowest correct), t_max)), so once a fast correct answer is seen, a scorer slower than the
-adaptive deadline (though well within the fixed upper bound) is killed: a recorded timeout with
-reward 0, while the fast ones are scored."""
+processes with the timeout the core's Scheduler gives that sample (RollPacker's T = min(max(t_min,
+1.5 x slowest correct), t_max)), and the core expires a scoring by its own deadline
+(`StartScoring.deadline`), as in the simulator.  So once a fast correct answer is seen, a scorer
+slower than the adaptive deadline (though well within the fixed upper bound and the job's own
+deadline) is a recorded timeout with reward 0, its worker killed, while the fast ones are scored."""
 
 from __future__ import annotations
 
 import time
 
+import attrs
 import pytest
 
 from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 from rollpacker.core import BatcherConfig, RewardConfig, Scheduler, make_policy
-from rollpacker.driver import StepLoop
+from rollpacker.core.protocols import RewardJob, RewardOutcome
+from rollpacker.driver import StepLoop, VirtualClock
 from rollpacker.train.config import RunConfig
-from test_step_loop import GOOD, Prompts, RecordingTrainer, ScriptedEngine
+from test_driver import TickingEngine
+from test_step_loop import GOOD, Prompts, RecordingTrainer, ScriptedEngine, ScriptedRewards
 
 SLOW = 2
 """Request k=2's scorer sleeps SLOW_S: past the adaptive deadline, within the upper bound."""
 SLOW_S = 30.0  # far past the 0.5 s deadline: on a loaded machine "cut" and "waited for" stay far apart
+JOB_DEADLINE_S = 3600.0
+"""The reward jobs' own deadline: a backend that dropped the core's would wait the slow scorer out."""
+T_MAX = 60.0
+DEFAULT_S = min(attrs.fields(RewardJob).deadline_s.default, JOB_DEADLINE_S, T_MAX)
+"""The nearest deadline that is not the core's (the jobs' default, their own, t_max): 20x the core's."""
 
 
 def sleepy_scorer(task, entry, response):
@@ -28,28 +37,88 @@ def sleepy_scorer(task, entry, response):
     return float(response[0] == GOOD)
 
 
+class OwnDeadlinePrompts(Prompts):
+    def reward_job(self, request_id, index, response_ids) -> RewardJob:
+        return attrs.evolve(super().reward_job(request_id, index, response_ids), deadline_s=JOB_DEADLINE_S)
+
+
+def timed_out_by(rewards: ProcessRewardExecutor, limit_s: float) -> int:
+    """Executor timeouts (killed workers) counted until one is seen or `limit_s` passed."""
+    end, timed_out = time.monotonic() + limit_s, 0
+    while not timed_out and time.monotonic() < end:
+        timed_out += rewards.step_report().num_timed_out
+        time.sleep(0.05)
+    return timed_out
+
+
 @pytest.mark.timeout(120)
 def test_a_scorer_past_the_adaptive_deadline_is_a_timeout_with_reward_0():
     calls: list = []
     engine = ScriptedEngine(calls)  # request k answers (GOOD if k is even else BAD, k, k)
-    # one worker, so request 0 (GOOD, fast) is scored first and anchors T at t_min = 0.5 s
+    # one worker in the core, so request 0 (GOOD, fast) is scored first and anchors T at t_min = 0.5 s
+    # (the pool has a second process: the request after the slow one needs no replacement worker)
     sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=8), num_prompts=4,
-                      batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=1, t_min=0.5, t_max=60.0))
-    assert sched.reward_timeout == 60.0, "before a correct answer the deadline is the upper bound"
-    with ProcessRewardExecutor(1, scorer=sleepy_scorer) as rewards:
-        loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), Prompts())
+                      batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=1, t_min=0.5, t_max=T_MAX))
+    assert sched.reward_timeout == T_MAX, "before a correct answer the deadline is the upper bound"
+    with ProcessRewardExecutor(2, scorer=sleepy_scorer) as rewards:
+        loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), OwnDeadlinePrompts())
         start = time.monotonic()
         record = loop.run_step()
         elapsed = time.monotonic() - start
-        report = rewards.step_report()
+        killed = timed_out_by(rewards, SLOW_S / 2)
     by_k = {int(i.token_ids[1]): i.reward for i in loop.last_timeline}
     assert by_k == {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}, "request 2 (GOOD but slow) timed out: reward 0"
-    assert report.num_timed_out == 1 and report.num_scored == 3
+    assert (sched.reward_state.timeouts, sched.reward_state.failures) == (1, 0), \
+        "the core expired request 2 by its own deadline (not a failed answer of the executor)"
     assert record["reward_failures"] == 1
+    assert killed == 1, "the executor killed the slow scorer at the core's timeout, not the job's own deadline"
     # one worker: request 3 waited in the core's queue behind request 2 until its 0.5 s deadline
-    assert 0.4 <= record["reward_wait_s_max"] < SLOW_S and record["reward_wait_s_mean"] > 0
+    assert 0.4 <= record["reward_wait_s_max"] < DEFAULT_S and record["reward_wait_s_mean"] > 0
     assert sched.reward_timeout == 0.5, "the fast correct answer set T to its floor"
-    assert elapsed < SLOW_S / 2, "the slow scorer was cut at its deadline, not waited for"
+    assert elapsed < DEFAULT_S, "the slow scorer was cut at the core's deadline, not at any default"
+
+
+class LateRewards(ScriptedRewards):
+    """The scripted scorer on a clock, but request 0's (a GOOD response) answers reward 1 only
+    LATE_S clock seconds after it was submitted: past the core's deadline, while the step still runs."""
+
+    LATE_S = 3.5
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__()
+        self.clock, self.late, self.late_answered_at = clock, [], None
+
+    def submit(self, job: RewardJob) -> None:
+        if job.response[1] == 0:
+            self.late.append((self.clock.now() + self.LATE_S, job.request_id))
+        else:
+            super().submit(job)
+
+    def poll(self, timeout=None):
+        due = [rid for at, rid in self.late if at <= self.clock.now()]
+        if due:
+            self.late, self.late_answered_at = [], self.clock.now()
+        return super().poll(timeout) + [RewardOutcome(rid, 1.0, "ok") for rid in due]
+
+
+def test_a_late_answer_on_the_live_path_is_expired_by_the_cores_deadline_as_in_the_simulator():
+    """One expiry path: the live backend tells the core when a `StartScoring.deadline` passed (the
+    engine ticks one clock second a poll), the core times the scoring out with reward 0, and the
+    scorer's answer that comes after it changes nothing: not the trained reward, not the record."""
+    calls: list = []
+    clock = VirtualClock()
+    engine = TickingEngine(calls, clock)  # request k answers at second k + 1: (GOOD if k is even, k, k)
+    sched = Scheduler(make_policy("sync", prompts=2, samples=4, max_tokens=8), num_prompts=4,
+                      batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=8, t_min=2.0, t_max=2.0))
+    rewards = LateRewards(clock)
+    loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), Prompts(), clock=clock)
+    record = loop.run_step()
+    assert rewards.late_answered_at is not None and rewards.late_answered_at < clock.now(), \
+        "the case under test: the late answer came while the step ran"
+    assert (sched.reward_state.timeouts, sched.reward_state.failures) == (1, 0), "timed out by the core's deadline"
+    by_k = {int(i.token_ids[1]): i.reward for i in loop.last_timeline}
+    assert by_k == {0: 0.0, 1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0, 5: 0.0, 6: 1.0, 7: 0.0}
+    assert record["reward_failures"] == 1 and record["mean_reward"] == 3 / 8
 
 
 def test_reward_deadline_flag_bounds_the_adaptive_deadline():
