@@ -19,7 +19,9 @@ observes (LiveBackend, the simulator, the test harness) is its own observer unle
 Scoring: a `ScoreSample` is told to the observer first (the backend prepares the sample's reward
 job), then handed to the core's reward scheduler; each `StartScoring` it gives back (RollPacker's
 adaptive deadline included) is a command like the others, and the scorers' answers come back
-through `wait` as `ScorerAnswered`.
+through `wait` as `ScorerAnswered`; once the clock passes a `StartScoring.deadline`, the backend's
+`wait` returns `DeadlinePassed` and the core times out what that deadline cut (live and simulated
+alike: one expiry path, an answer after it is ignored).
 """
 
 from __future__ import annotations
