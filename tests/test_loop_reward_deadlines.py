@@ -17,7 +17,6 @@ from rollpacker.core import BatcherConfig, RewardConfig, Scheduler, make_policy
 from rollpacker.core.protocols import RewardJob, RewardOutcome
 from rollpacker.driver import StepLoop, VirtualClock
 from rollpacker.train.config import RunConfig
-from test_driver import TickingEngine
 from test_step_loop import GOOD, Prompts, RecordingTrainer, ScriptedEngine, ScriptedRewards
 
 SLOW = 2
@@ -42,6 +41,15 @@ class OwnDeadlinePrompts(Prompts):
         return attrs.evolve(super().reward_job(request_id, index, response_ids), deadline_s=JOB_DEADLINE_S)
 
 
+def warm_up(rewards: ProcessRewardExecutor) -> None:
+    """One fast job through the pool, so the step's clock does not count the processes' start."""
+    rewards.submit(RewardJob("warm-up", "scripted", 0, (GOOD, 0, 0)))
+    end = time.monotonic() + 100
+    while not rewards.poll(timeout=0.5):
+        assert time.monotonic() < end, "the reward pool did not answer a fast job in 100 s"
+    rewards.step_report()  # (counts restart)
+
+
 def timed_out_by(rewards: ProcessRewardExecutor, limit_s: float) -> int:
     """Executor timeouts (killed workers) counted until one is seen or `limit_s` passed."""
     end, timed_out = time.monotonic() + limit_s, 0
@@ -61,6 +69,7 @@ def test_a_scorer_past_the_adaptive_deadline_is_a_timeout_with_reward_0():
                       batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=1, t_min=0.5, t_max=T_MAX))
     assert sched.reward_timeout == T_MAX, "before a correct answer the deadline is the upper bound"
     with ProcessRewardExecutor(2, scorer=sleepy_scorer) as rewards:
+        warm_up(rewards)
         loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), OwnDeadlinePrompts())
         start = time.monotonic()
         record = loop.run_step()
@@ -68,14 +77,15 @@ def test_a_scorer_past_the_adaptive_deadline_is_a_timeout_with_reward_0():
         killed = timed_out_by(rewards, SLOW_S / 2)
     by_k = {int(i.token_ids[1]): i.reward for i in loop.last_timeline}
     assert by_k == {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}, "request 2 (GOOD but slow) timed out: reward 0"
-    assert (sched.reward_state.timeouts, sched.reward_state.failures) == (1, 0), \
+    # (request 3, BAD, may be cut as well if the pool's second process was slow to start: reward 0 either way)
+    assert sched.reward_state.timeouts >= 1 and sched.reward_state.failures == 0, \
         "the core expired request 2 by its own deadline (not a failed answer of the executor)"
-    assert record["reward_failures"] == 1
+    assert record["reward_failures"] == sched.reward_state.timeouts
     assert killed == 1, "the executor killed the slow scorer at the core's timeout, not the job's own deadline"
     # one worker: request 3 waited in the core's queue behind request 2 until its 0.5 s deadline
     assert 0.4 <= record["reward_wait_s_max"] < DEFAULT_S and record["reward_wait_s_mean"] > 0
     assert sched.reward_timeout == 0.5, "the fast correct answer set T to its floor"
-    assert elapsed < DEFAULT_S, "the slow scorer was cut at the core's deadline, not at any default"
+    assert elapsed < SLOW_S / 2, "the slow scorer was cut at its deadline, not waited for"
 
 
 class LateRewards(ScriptedRewards):
@@ -105,6 +115,8 @@ def test_a_late_answer_on_the_live_path_is_expired_by_the_cores_deadline_as_in_t
     """One expiry path: the live backend tells the core when a `StartScoring.deadline` passed (the
     engine ticks one clock second a poll), the core times the scoring out with reward 0, and the
     scorer's answer that comes after it changes nothing: not the trained reward, not the record."""
+    from test_driver import TickingEngine  # (here: the scorer processes above need not import it)
+
     calls: list = []
     clock = VirtualClock()
     engine = TickingEngine(calls, clock)  # request k answers at second k + 1: (GOOD if k is even, k, k)
