@@ -7,7 +7,8 @@ Endpoints (shapes as SGLang's, see `codec`): GET /health, /health_generate, /get
 weight_version}, /init_weights_update_group and /update_weights_from_distributed (the engine joins
 the trainer's group with torch.distributed, gloo on CPU, and receives each bucket by broadcast; see
 `weights`), /release_memory_occupation and /resume_memory_occupation {tags} (colocated mode: the
-engine frees, then allocates again, its "weights" and "kv_cache"), /flush_cache.  With
+engine frees, then allocates again, its "weights" and "kv_cache"), /flush_cache.  The weight
+endpoints are in `server_weights`.  With
 `--log-calls` every call is logged with its wall-clock time (`call POST /generate at=...`).
 Input is token ids only (`input_ids`): this server does no
 tokenization.  With the model's tokenizer it decodes each response into `text` (the final chunk
@@ -38,17 +39,14 @@ except ImportError:  # pragma: no cover
 
 from rollpacker.backends.sglang.codec import progress_chunk, result_chunk, sse, stop_match
 from rollpacker.backends.sglang.generate_params import BadRequest, request_from_body
+from rollpacker.backends.sglang.server_weights import WeightEndpoints, error_reply, failed_reply
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, RolloutEngine
 
 log = logging.getLogger(__name__)
 PAUSE_MODES = ("abort", "retract", "in_place")
 
 
-def _error(message: str, status: int = 400) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-class EngineServer:
+class EngineServer(WeightEndpoints):
     """The aiohttp application over one engine.  `model_path` is what /get_model_info reports;
     `ignore_eos` says whether the engine was built to never stop on EOS (a per-server setting here);
     `tokenizer` (optional) decodes each response into `text` and lets requests use `stop` strings."""
@@ -162,7 +160,7 @@ class EngineServer:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         if self._failure is not None:
-            return _error(f"the engine failed: {self._failure!r}", 503)
+            return error_reply(f"the engine failed: {self._failure!r}", 503)
         try:
             body = await request.json()
             gen, params = request_from_body(body, ignore_eos=self.ignore_eos)
@@ -172,7 +170,7 @@ class EngineServer:
                 raise BadRequest(f"rid {gen.request_id!r} is already running")
             self.engine.submit([gen])
         except ValueError as exc:  # BadRequest, JSON errors, the engine's ConfigError/BackendMisuse
-            return _error(str(exc))
+            return error_reply(str(exc))
         queue: asyncio.Queue = asyncio.Queue()
         self._waiters[gen.request_id] = queue
         started = time.monotonic()
@@ -185,7 +183,7 @@ class EngineServer:
                 while True:
                     event = await queue.get()
                     if event is None:
-                        return _error("the engine failed while generating", 500)
+                        return error_reply("the engine failed while generating", 500)
                     if isinstance(event, GenerationResult):
                         return web.json_response(finish(event))
             except asyncio.CancelledError:
@@ -236,16 +234,16 @@ class EngineServer:
         try:
             body = await request.json()
         except ValueError:
-            return _error("the body must be JSON {rid, abort_all}")
+            return error_reply("the body must be JSON {rid, abort_all}")
         if not isinstance(body, dict):
-            return _error("the body must be a JSON object {rid, abort_all}")
+            return error_reply("the body must be a JSON object {rid, abort_all}")
         rid = body.get("rid") or ""
         if body.get("abort_all"):
             targets = list(self._waiters)
         elif isinstance(rid, str) and rid:
             targets = [r for r in self._waiters if r.startswith(rid)]
         else:
-            return _error("abort_request needs a rid or abort_all")
+            return error_reply("abort_request needs a rid or abort_all")
         if targets:
             self.engine.abort(targets)
         return web.Response(status=200)
@@ -254,7 +252,7 @@ class EngineServer:
         body = await request.json() if request.can_read_body else {}
         mode = (body or {}).get("mode", "abort")
         if mode not in PAUSE_MODES:
-            return _error(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+            return error_reply(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
         self.engine.pause()
         if mode == "abort" and self._waiters:
             self.engine.abort(list(self._waiters))
@@ -263,120 +261,6 @@ class EngineServer:
     async def resume(self, request: web.Request) -> web.Response:
         self.engine.resume()
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
-
-    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-            path = body["model_path"]
-            if not isinstance(path, str) or not path:
-                raise KeyError("model_path")
-        except (ValueError, KeyError, TypeError):
-            return _error("update_weights_from_disk needs a JSON body with model_path")
-        label = body.get("weight_version")
-        try:
-            version = int(label) if label is not None else int(self.weight_version) + 1
-        except ValueError:
-            return _error(f"weight_version must be an integer label here, got {label!r}")
-        if body.get("abort_all_requests") and self._waiters:
-            self.engine.abort(list(self._waiters))
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(None, self.engine.update_weights, path, version)
-        except Exception as exc:  # noqa: BLE001  (reported to the caller, as SGLang does)
-            return web.json_response(
-                {"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0},
-                status=400,
-            )
-        self.weight_version = str(version)
-        self.model_path = path
-        return web.json_response({
-            "success": True,
-            "message": f"Succeeded to update model weights. Weight version updated to {version}.",
-            "num_paused_requests": 0,
-        })
-
-    async def init_weights_update_group(self, request: web.Request) -> web.Response:
-        """Join the trainer's weight group as rank `rank_offset` (TP size 1 here); blocks until every
-        member has joined, as SGLang's does."""
-        try:
-            body = await request.json()
-            address, port = body["master_address"], int(body["master_port"])
-            rank, world_size = int(body["rank_offset"]), int(body["world_size"])
-            group_name, backend = body.get("group_name", "weight_update_group"), body.get("backend", "nccl")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return _error("init_weights_update_group needs a JSON body with master_address, master_port, "
-                          "rank_offset, world_size (and group_name, backend)")
-        if backend == "nccl" and self._device_type() != "cuda":
-            return _failed(f"backend 'nccl' needs the engine on CUDA; it is on {self._device_type()} (use gloo)")
-        if group_name in self._groups:
-            return _failed(f"group {group_name!r} is already joined")
-        from rollpacker.backends.sglang.weights import join_group
-
-        try:
-            self._groups[group_name] = await asyncio.get_running_loop().run_in_executor(
-                None, join_group, address, port, rank, world_size, group_name, backend, 600.0)
-        except Exception as exc:  # noqa: BLE001  (reported to the caller, as SGLang does)
-            return _failed(f"Failed to init group: {exc}")
-        return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
-
-    async def begin_weight_update(self, request: web.Request) -> web.Response:
-        if self._update_session:
-            return _failed("a weight-update session is already open; call end_weight_update() first")
-        self._update_session = True
-        return web.json_response({"success": True, "message": "Success"})
-
-    async def end_weight_update(self, request: web.Request) -> web.Response:
-        if not self._update_session:
-            return _failed("no weight-update session is open; call begin_weight_update() first")
-        self._update_session = False
-        return web.json_response({"success": True, "message": "Success"})
-
-    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        """Leave the weight group `group_name` (SGLang's answer when there is none: success false)."""
-        try:
-            group_name = (await request.json()).get("group_name", "weight_update_group")
-        except (ValueError, AttributeError):
-            return _error("destroy_weights_update_group needs a JSON body with group_name")
-        group = self._groups.pop(group_name, None)
-        if group is None:
-            return _failed("The group to be destroyed does not exist.")
-        import torch.distributed as dist
-
-        await asyncio.get_running_loop().run_in_executor(None, dist.destroy_process_group, group)
-        return web.json_response({"success": True, "message": "Succeeded to destroy custom process group."})
-
-    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        """Receive one bucket from rank 0 of `group_name` (names, dtypes, shapes in broadcast order)
-        and load it into the engine's model (a partial update)."""
-        try:
-            body = await request.json()
-            names, dtypes, shapes = list(body["names"]), list(body["dtypes"]), [list(s) for s in body["shapes"]]
-            group = self._groups[body.get("group_name", "weight_update_group")]
-            if not len(names) == len(dtypes) == len(shapes):
-                raise ValueError("names, dtypes and shapes differ in length")
-            version = self._version_label(body.get("weight_version"), default=int(self.weight_version))
-            if body.get("load_format") is not None:
-                raise ValueError(f"load_format {body['load_format']!r} is not supported (only null)")
-        except KeyError as exc:
-            return _error(f"update_weights_from_distributed: {exc} is missing or not a joined group")
-        except (ValueError, TypeError, AttributeError) as exc:
-            return _error(f"update_weights_from_distributed: {exc}")
-        if not self._update_session:
-            return _failed("update_weights_from_distributed must run between begin_weight_update() and "
-                           "end_weight_update()")
-        from rollpacker.backends.sglang.weights import receive_bucket
-
-        if body.get("abort_all_requests") and self._waiters:
-            self.engine.abort(list(self._waiters))
-        loop = asyncio.get_running_loop()
-        try:
-            received = await loop.run_in_executor(None, receive_bucket, group, names, dtypes, shapes,
-                                                  self._device_type())
-            await loop.run_in_executor(None, self.engine.update_weights, received, version)
-        except Exception as exc:  # noqa: BLE001
-            return _failed(f"Failed to update weights: {exc}")
-        self.weight_version = str(version)
-        return web.json_response({"success": True, "message": "Succeeded to update parameter online."})
 
     async def release_memory_occupation(self, request: web.Request) -> web.Response:
         """Free the engine's memory of `tags` (null: all) while nothing runs, as SGLang's does."""
@@ -390,32 +274,20 @@ class EngineServer:
 
         call = getattr(self.engine, method, None)
         if call is None:
-            return _failed(f"{type(self.engine).__name__} cannot release or resume its memory")
+            return failed_reply(f"{type(self.engine).__name__} cannot release or resume its memory")
         try:
             body = await request.json() if request.can_read_body else {}
             tags = list(check_memory_tags((body or {}).get("tags")))
         except (ValueError, AttributeError) as exc:  # JSON errors, ConfigError naming the tag
-            return _error(f"{request.path}: {exc}")
+            return error_reply(f"{request.path}: {exc}")
         if method == "release_memory" and self._waiters:
-            return _failed(f"{request.path}: {len(self._waiters)} request(s) still running")
+            return failed_reply(f"{request.path}: {len(self._waiters)} request(s) still running")
         log.info("%s tags=%s", request.path, tags)
         try:
             await asyncio.get_running_loop().run_in_executor(None, call, tags)
         except Exception as exc:  # noqa: BLE001  (reported to the caller, as SGLang does)
-            return _failed(f"{request.path}: {exc}")
+            return failed_reply(f"{request.path}: {exc}")
         return web.json_response({"success": True, "message": f"{request.path} {tags}: done"})
-
-    def _device_type(self) -> str:
-        """Where the engine's model lives ("cpu" for an engine without one)."""
-        model = getattr(self.engine, "model", None)
-        return next(model.parameters()).device.type if model is not None else "cpu"
-
-    @staticmethod
-    def _version_label(label, default: int) -> int:
-        try:
-            return int(label) if label is not None else default
-        except ValueError:
-            raise ValueError(f"weight_version must be an integer label here, got {label!r}") from None
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self._waiters:
@@ -430,8 +302,3 @@ if web is not None:
         other processes' events, as the colocated-mode test reads it)."""
         log.info("call %s %s at=%.6f", request.method, request.path, time.time())
         return await handler(request)
-
-
-def _failed(message: str) -> web.Response:
-    """SGLang's answer to a weight call that failed: 400 with success false."""
-    return web.json_response({"success": False, "message": message}, status=400)
