@@ -21,6 +21,7 @@ the engine's memory is released before they train (waited for after the round, s
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -50,6 +51,7 @@ from rollpacker.core.protocols import (
     MicroBatch,
     RewardExecutor,
     RewardJob,
+    RewardOutcome,
     RolloutEngine,
     TrainSample,
     Trainer,
@@ -58,7 +60,7 @@ from rollpacker.core.records import PromptKey, Sample, Segment, request_number
 
 from .clock import Clock, WallClock
 from .colocate import Colocation
-from .loop import Driver, Input, Notice, ScorerAnswered, StepBegun
+from .loop import Driver, HedgeDue, Input, Notice, ScorerAnswered, StepBegun
 from .step_log import Interval, StepLog
 from .train_worker import OPTIMIZER_STEP, TrainerRan, TrainWorker
 
@@ -134,7 +136,11 @@ class LiveBackend:
         self._kept: dict[str, Interval] = {}
         """Intervals of kept samples that may still be scored or trained (a carried group's, in a later step)."""
         self._reward_jobs: dict[str, RewardJob] = {}
-        """Reward jobs of kept samples waiting for the core to start their scoring."""
+        """Reward jobs of kept samples until their first answer (a hedge runs the same job again)."""
+        self._hedged: set[str] = set()
+        """Samples with a second copy in flight: the first answer cancels the other."""
+        self._hedge_due: list[float] = []
+        """Heap of the StartScoring `hedge_at` times still ahead (each a HedgeDue for the core)."""
         self._log = StepLog(start=clock.now())
         self.colocation = Colocation(engine) if self.config.colocate else None
 
@@ -178,7 +184,7 @@ class LiveBackend:
         if not outputs and not outcomes and not waiting_on_engine:
             outcomes = self.rewards.poll(timeout=self.config.poll_s)
         inputs: list[Input] = [self._engine_event(out) for out in outputs if isinstance(out, GenerationResult)]
-        for outcome in outcomes:
+        for outcome in self._first_answers(outcomes):
             reward = outcome.reward if not outcome.failed else 0.0
             log.rewards[outcome.request_id] = self.sample_rewards[outcome.request_id] = reward
             scored = self._kept.get(outcome.request_id)
@@ -187,9 +193,30 @@ class LiveBackend:
             log.failed_rewards += outcome.failed
             log.rewards_done = self.clock.now() - log.start
             inputs.append(ScorerAnswered(outcome.request_id, reward, outcome.failed, outcome.latency_s))
+        inputs.extend(self._hedges_due())  # (after the answers: a sample just answered is not hedged)
         if inputs:
             self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
         return inputs
+
+    def _hedges_due(self) -> list[Input]:
+        """One HedgeDue once the clock passed a scoring's `hedge_at` (the core hedges every due one)."""
+        now, due = self.clock.now(), False
+        while self._hedge_due and self._hedge_due[0] <= now:
+            heapq.heappop(self._hedge_due)
+            due = True
+        return [HedgeDue()] if due else []
+
+    def _first_answers(self, outcomes: Sequence[RewardOutcome]) -> list[RewardOutcome]:
+        """Each sample's first answer (either copy's); the other copy of a hedged one is cancelled."""
+        first = []
+        for outcome in outcomes:
+            if self._reward_jobs.pop(outcome.request_id, None) is None:
+                continue  # the other copy answered first
+            if outcome.request_id in self._hedged:
+                self._hedged.discard(outcome.request_id)
+                self.rewards.cancel(outcome.request_id)
+            first.append(outcome)
+        return first
 
     def _engine_event(self, result: GenerationResult) -> RequestFinished | RequestAborted:
         self.tokens[result.request_id] = result
@@ -237,9 +264,15 @@ class LiveBackend:
         self._reward_jobs[sample.request_id] = job
 
     def start_scoring(self, command: StartScoring) -> None:
-        """Send the job to the executor with the core's deadline for it."""
-        self._log.reward_waits.append(command.queued_s)
-        self.rewards.submit(attrs.evolve(self._reward_jobs.pop(command.request_id), deadline_s=command.timeout))
+        """Send the job to the executor with the core's deadline for it (a hedge: the time left)."""
+        if command.copy:
+            self._hedged.add(command.request_id)
+        else:
+            self._log.reward_waits.append(command.queued_s)
+        if command.hedge_at is not None:
+            heapq.heappush(self._hedge_due, command.hedge_at)
+        job = self._reward_jobs[command.request_id]
+        self.rewards.submit(attrs.evolve(job, deadline_s=command.timeout, copy=command.copy))
 
     def close_group(self, command: CloseGroup) -> None:
         self._log.groups.append(tuple(s.request_id for s in command.samples))

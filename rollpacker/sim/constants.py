@@ -14,6 +14,7 @@ from typing import ClassVar
 from attrs import field, frozen
 
 from rollpacker.core.cost_model import Hardware, ModelShape
+from rollpacker.core.reward_scheduler import RewardConfig
 from rollpacker.core.validators import fraction, non_negative_number, positive, positive_number, probability
 
 from .speculation import SpecConstants
@@ -97,6 +98,16 @@ class RewardConstants:
     """RollPacker adaptive timeout: T = min(max(T_min, lambda * T_anchor), T_max)."""
     scale: float = field(default=1.5, validator=positive_number)
     t_max: float = field(default=30.0, validator=positive_number)
+    hedge_after: float = field(default=2.0, validator=non_negative_number)
+    """A second execution of a sample still running after this many seconds, on a free worker (first
+    answer wins; the core's RewardConfig.hedge_after); 0: never."""
+    priority: bool = True
+    """Samples of complete groups are scored before open groups' (the core's RewardConfig.priority)."""
+
+    def scheduler_config(self) -> RewardConfig:
+        """The core's reward scheduler with these settings."""
+        return RewardConfig(workers=self.workers, t_min=self.t_min, scale=self.scale, t_max=self.t_max,
+                            hedge_after=self.hedge_after or None, priority=self.priority)
 
 
 @frozen(kw_only=True)

@@ -27,6 +27,10 @@ The deadline counts from when a worker starts the job; the wait before that is r
 `queue_s`.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
 `step_report()` returns the counts and queue latency since the previous call.
 
+A hedge (`RewardJob.copy` 1) runs beside the job it copies (same request id); `cancel(request_id)`
+withdraws every copy still queued or running (a running one's worker is killed and replaced, as at
+a timeout): no outcome comes for a cancelled job.
+
 If the dispatcher thread itself dies (a replacement worker cannot be started), the jobs it held end
 as "error" outcomes and `submit` and `poll` then raise `RewardExecutorFailed` with the cause chained.
 """
@@ -214,7 +218,10 @@ class ProcessRewardExecutor:
         self._num_workers = num_workers
         self._lock = threading.Lock()
         self._pending: deque[tuple[RewardJob, float]] = deque()
-        self._in_flight: set[str] = set()
+        self._in_flight: set[tuple[str, int]] = set()
+        """(request id, copy) of every job submitted and not yet answered or cancelled."""
+        self._cancel: set[str] = set()
+        """Request ids whose jobs the dispatcher withdraws."""
         self._out: queue.Queue[RewardOutcome] = queue.Queue()
         self._stats = _Stats()
         self._is_closed = False
@@ -235,9 +242,9 @@ class ProcessRewardExecutor:
         with self._lock:
             if self._is_closed:
                 raise BackendMisuse("the reward executor is closed")
-            if job.request_id in self._in_flight:
+            if (job.request_id, job.copy) in self._in_flight:
                 raise BackendMisuse(f"reward job {job.request_id!r} is already in flight (duplicate request_id)")
-            self._in_flight.add(job.request_id)
+            self._in_flight.add((job.request_id, job.copy))
             self._pending.append((job, time.monotonic()))
         self._wake_w.send_bytes(b"j")
 
@@ -248,6 +255,15 @@ class ProcessRewardExecutor:
         if not outcomes:
             self._check_dispatcher()
         return outcomes
+
+    def cancel(self, request_id: str) -> None:
+        """Withdraw every copy of `request_id` still queued or running: none gives an outcome (a
+        running one's worker is killed and replaced).  A copy already answered is unaffected."""
+        with self._lock:
+            if not any(rid == request_id for rid, _ in self._in_flight):
+                return
+            self._cancel.add(request_id)
+        self._wake_w.send_bytes(b"x")
 
     def _check_dispatcher(self) -> None:
         if self._failure is not None:
@@ -329,6 +345,7 @@ class ProcessRewardExecutor:
                 for w in list(self._workers):
                     if w.conn in ready:
                         self._receive(w)
+                self._withdraw()
                 self._enforce_deadlines()
         except BaseException as exc:  # surfaced by submit and poll, once every held job has its outcome
             traceback.print_exc()
@@ -369,6 +386,20 @@ class ProcessRewardExecutor:
         w.process.join(timeout=5)  # reap it, so its exit code is known
         self._replace(w, "error", "worker_died", died_line(w.process.exitcode))
 
+    def _withdraw(self) -> None:
+        """Drop the cancelled jobs: queued ones from the queue, running ones with their worker."""
+        with self._lock:
+            cancel, self._cancel = self._cancel, set()
+            if not cancel:
+                return
+            self._pending = deque(p for p in self._pending if p[0].request_id not in cancel)
+        for w in list(self._workers):
+            if w.job is not None and w.job.request_id in cancel:
+                w.job = None
+                self._replace(w, "error", "", "")
+        with self._lock:  # (last: no job in flight means its worker was replaced)
+            self._in_flight = {key for key in self._in_flight if key[0] not in cancel}
+
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for w in list(self._workers):
@@ -393,7 +424,7 @@ class ProcessRewardExecutor:
     def _record(self, job: RewardJob, queue_s: float, status: str, reward: float, error: str, latency: float,
                 metrics: dict[str, float] | None = None, kind: str = "") -> None:
         with self._lock:
-            self._in_flight.discard(job.request_id)
+            self._in_flight.discard((job.request_id, job.copy))
             setattr(self._stats, status, getattr(self._stats, status) + 1)
             if kind:
                 self._stats.kinds[kind] += 1
@@ -401,7 +432,8 @@ class ProcessRewardExecutor:
             self._stats.add_metrics(metrics or {})
             self._stats.queue_s.append(queue_s)
             self._stats.latency_s.append(latency)
-        self._out.put(RewardOutcome(job.request_id, reward, status, latency_s=latency, queue_s=queue_s, error=error))
+        self._out.put(RewardOutcome(job.request_id, reward, status, latency_s=latency, queue_s=queue_s, error=error,
+                                    copy=job.copy))
 
     def _shutdown(self) -> None:
         """Stop every worker; jobs still queued or running end as errors so none is lost."""
