@@ -48,7 +48,8 @@ class Scorers:
                     self.push(item.hedge_at, ("hedge",))
             else:
                 self.answers.append(item)
-        assert self.state.busy == sum(len(s) for _, (_, _, s) in self.state.running.items()) <= self.config.workers
+        limit = self.config.workers + self.config.burst_workers
+        assert self.state.busy == sum(len(s) for _, (_, _, s) in self.state.running.items()) <= limit
 
     def push(self, at, what) -> None:
         heapq.heappush(self.heap, (at, next(self.tick), what))
@@ -72,9 +73,9 @@ execution = st.one_of(st.floats(0.01, 40.0), st.just(HANG))
 
 
 @given(st.lists(st.tuples(execution, execution), min_size=1, max_size=30), st.integers(1, 8),
-       st.sampled_from([None, 0.5, 2.0]))
-def test_each_sample_is_answered_once_by_its_deadline_whatever_hedges_run(times, workers, hedge_after):
-    scorers = Scorers(RewardConfig(workers=workers, hedge_after=hedge_after), times)
+       st.sampled_from([None, 0.5, 2.0]), st.integers(0, 3))
+def test_each_sample_is_answered_once_by_its_deadline_whatever_hedges_run(times, workers, hedge_after, burst):
+    scorers = Scorers(RewardConfig(workers=workers, hedge_after=hedge_after, burst_workers=burst), times)
     scorers.run()
     assert sorted(a.request_id for a in scorers.answers) == [request_id(i) for i in range(len(times))]
     for a in scorers.answers:
@@ -98,38 +99,55 @@ def test_with_a_free_worker_a_hung_or_slow_execution_is_hedged_not_waited_out(ti
     assert scorers.state.hedges == len(times) and scorers.state.timeouts == 0
 
 
-@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=2, max_size=40), st.integers(1, 3))
-def test_samples_of_complete_groups_start_before_any_open_groups(arrivals, workers):
-    """Samples arrive (group, does it complete now?); each scoring runs 1 s.  Whenever a sample of
-    an open group starts, no sample of a complete group is waiting."""
-    sched = RewardScheduler(RewardConfig(workers=workers, hedge_after=None))
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=2, max_size=40), st.integers(1, 3),
+       st.integers(0, 2))
+def test_samples_of_complete_groups_start_first_and_get_the_burst_workers(arrivals, workers, burst):
+    """Samples arrive (group, does it complete now?); each scoring runs 1 s.  A sample of an open
+    group starts only on one of the `workers` and only while no complete group's sample waits; while
+    one waits, all `workers + burst_workers` are busy."""
+    sched = RewardScheduler(RewardConfig(workers=workers, hedge_after=None, burst_workers=burst))
     s, complete, members, waiting = sched.initial(), set(), {}, set()
     heap, now = [], 0.0
 
-    def started(out):
+    def started(out, busy_before):
+        busy = busy_before
         for item in out:
-            if isinstance(item, StartScoring):
+            if isinstance(item, RewardScored):
+                busy -= 1
+            elif isinstance(item, StartScoring):
                 group = members[item.request_id]
-                assert group in complete or not {r for r in waiting if members[r] in complete}, \
-                    f"{item.request_id} of open group {group} started while a complete group's sample waited"
+                if group not in complete:
+                    assert busy < workers, f"{item.request_id} of open group {group} took a burst worker"
+                    assert not {r for r in waiting if members[r] in complete}, \
+                        f"{item.request_id} of open group {group} started while a complete group's sample waited"
+                busy += 1
                 waiting.discard(item.request_id)
                 heapq.heappush(heap, (now + 1.0, item.request_id))
+        assert busy == s.busy
+        if {r for r in waiting if members[r] in complete}:
+            assert s.busy == workers + burst, "a complete group's sample waits while a worker is free"
 
     for i, (group, closes) in enumerate(arrivals):
         rid = request_id(i)
         members[rid] = group
         waiting.add(rid)
+        busy = s.busy
         s, out = sched.submit(s, rid, now, first=group in complete)
-        started(out)
+        started(out, busy)
         if closes and group not in complete:
             complete.add(group)
             s = sched.promote(s, [r for r, g in members.items() if g == group])
+            busy = s.busy
+            s, out = sched.hedge(s, now)  # (the next input starts them on burst workers)
+            started(out, busy)
         if heap and i % 3 == 2:  # time passes: the next scoring answers
             now, rid = heapq.heappop(heap)
+            busy = s.busy
             s, out = sched.finished(s, rid, 1.0, True, now)
-            started(out)
+            started(out, busy)
     while heap:
         now, rid = heapq.heappop(heap)
+        busy = s.busy
         s, out = sched.finished(s, rid, 1.0, True, now)
-        started(out)
+        started(out, busy)
     assert not waiting and s.scored == len(arrivals)

@@ -5,7 +5,7 @@ Theory of operation
 The planner asks for a kept sample to be scored (ScoreSample); the driver hands it here with
 `submit` (through the core's Scheduler, which holds this scheduler and its state:
 `Scheduler.start_scoring`, `scoring_finished`, `expire_rewards`).  At most `workers` executions run
-at once; the rest wait in arrival order (samples that finish first are scored first, so rewards
+at once (`workers + burst_workers` for complete groups' samples and hedges); the rest wait in arrival order (samples that finish first are scored first, so rewards
 stream with the rollout), except that with `priority` the samples of a complete group (`promote`,
 on its CloseGroup) go before every sample of a group still open: the groups that close the round
 are the ones its step waits for.  Each started sample gets a deadline, RollPacker's adaptive
@@ -21,7 +21,7 @@ answer is ignored: a hanging verifier never stalls the step.  A scorer that rais
 the driver as `finished(..., failed=True)` and gives reward 0 as well.
 
 Hedging (`hedge_after`): an execution still running `hedge_after` seconds after it started, while
-no sample waits and a worker is free, is started once more on that worker (`StartScoring` with
+no complete group's sample waits and a worker is free, is started once more on that worker (`StartScoring` with
 `copy=1`, the same deadline).  The first answer of either copy is the sample's one reward; the
 other's answer is ignored (a backend may cancel it on the `RewardScored`).  A hang or a slow
 execution then costs about `hedge_after` plus a fresh execution instead of the timeout.  The
@@ -43,7 +43,7 @@ from .commands import StartScoring
 from .errors import ConfigError, SchedulerMisuse
 from .events import RewardScored
 from .records import request_number
-from .validators import positive_number
+from .validators import non_negative, positive_number
 
 
 @frozen(kw_only=True)
@@ -59,6 +59,10 @@ class RewardConfig:
     wins); None: never (a hang is waited out to its deadline)."""
     priority: bool = True
     """Samples of complete groups are scored before those of open groups (False: arrival order)."""
+    burst_workers: int = field(default=0, validator=non_negative)
+    """Executions allowed beyond `workers` for the samples the step waits for (complete groups',
+    with `priority`) and for hedges: a pool sized to the burst at the round's end, whose extra
+    workers score nothing of a group still open."""
 
     def __attrs_post_init__(self) -> None:
         if self.t_min > self.t_max:
@@ -169,15 +173,17 @@ class RewardScheduler:
         queue, head, first, tickets, running = state.queue, state.head, state.first, state.tickets, state.running
         busy = state.busy
         timeout = self.config.timeout(state.anchor)
-        while queue and busy < self.config.workers:
+        while queue:
+            while first and first[0] not in queue:  # (promoted, then started from the head)
+                first = first[1:]
+            if busy >= self.config.workers + (self.config.burst_workers if first else 0):
+                break
             if first:
                 ticket, first = first[0], first[1:]
             else:
                 while head not in queue:
                     head += 1
                 ticket = head
-            if ticket not in queue:  # (promoted, then started from the head)
-                continue
             rid, arrived = queue[ticket]
             queue = queue.delete(ticket)
             number = request_number(rid)
@@ -194,13 +200,13 @@ class RewardScheduler:
         return at + after if after is not None and at + after < deadline else None
 
     def _hedge(self, state: RewardState, at: float, out: list) -> tuple[RewardState, list]:
-        after = self.config.hedge_after
-        if after is None or state.queue or state.busy >= self.config.workers:
+        after, limit = self.config.hedge_after, self.config.workers + self.config.burst_workers
+        if after is None or state.first or state.busy >= limit:  # (first: the step's samples wait)
             return state, out
         due = sorted((starts[0], number) for number, (_, d, starts) in state.running.items()
                      if len(starts) == 1 and starts[0] + after <= at < d)
         running, busy = state.running, state.busy
-        for _, number in due[: self.config.workers - busy]:
+        for _, number in due[: limit - busy]:
             rid, deadline, starts = running[number]
             running = running.set(number, (rid, deadline, (*starts, at)))
             busy += 1

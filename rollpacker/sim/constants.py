@@ -15,7 +15,7 @@ from attrs import field, frozen
 
 from rollpacker.core.cost_model import Hardware, ModelShape
 from rollpacker.core.reward_scheduler import RewardConfig
-from rollpacker.core.validators import fraction, non_negative_number, positive, positive_number, probability
+from rollpacker.core.validators import fraction, non_negative, non_negative_number, positive, positive_number, probability
 
 from .speculation import SpecConstants
 
@@ -103,11 +103,14 @@ class RewardConstants:
     answer wins; the core's RewardConfig.hedge_after); 0: never."""
     priority: bool = True
     """Samples of complete groups are scored before open groups' (the core's RewardConfig.priority)."""
+    burst_workers: int = field(default=0, validator=non_negative)
+    """Workers beyond `workers` for complete groups' samples and hedges (RewardConfig.burst_workers)."""
 
     def scheduler_config(self) -> RewardConfig:
         """The core's reward scheduler with these settings."""
         return RewardConfig(workers=self.workers, t_min=self.t_min, scale=self.scale, t_max=self.t_max,
-                            hedge_after=self.hedge_after or None, priority=self.priority)
+                            hedge_after=self.hedge_after or None, priority=self.priority,
+                            burst_workers=self.burst_workers)
 
 
 @frozen(kw_only=True)
