@@ -35,7 +35,7 @@ class Scorers:
         for item in out:
             if isinstance(item, StartScoring):
                 runs = self.started.setdefault(item.request_id, [])
-                assert item.copy == len(runs), "at most one hedge, after the execution it copies"
+                assert item.copy == len(runs) <= self.config.hedge_copies, "copies one after another, at most hedge_copies"
                 if item.copy:
                     assert item.deadline == self.deadline[item.request_id] and item.timeout == item.deadline - self.now
                 self.deadline[item.request_id] = item.deadline

@@ -189,7 +189,7 @@ class RewardJob:
     response: str
     deadline_s: float = 10.0
     copy: int = 0
-    """0: the sample's execution; 1: a hedge (StartScoring.copy), in flight beside it."""
+    """0: the sample's execution; k >= 1: a hedge (StartScoring.copy), in flight beside it."""
 
 
 REWARD_STATUSES = ("ok", "error", "timeout", "nan")

@@ -21,9 +21,10 @@ answer is ignored: a hanging verifier never stalls the step.  A scorer that rais
 the driver as `finished(..., failed=True)` and gives reward 0 as well.
 
 Hedging (`hedge_after`): an execution still running `hedge_after` seconds after it started, while
-no complete group's sample waits and a worker is free, is started once more on that worker (`StartScoring` with
-`copy=1`, the same deadline).  The first answer of either copy is the sample's one reward; the
-other's answer is ignored (a backend may cancel it on the `RewardScored`).  A hang or a slow
+no complete group's sample waits and a worker is free, is started once more on that worker
+(`StartScoring` with `copy=1`, the same deadline; then copy 2 `hedge_after` later, up to
+`hedge_copies`).  The first answer of any copy is the sample's one reward; the others' answers are
+ignored (a backend cancels them).  A hang or a slow
 execution then costs about `hedge_after` plus a fresh execution instead of the timeout.  The
 driver wakes the core at a start's `hedge_at` (`hedge(state, at)`); every other input hedges too.
 
@@ -43,7 +44,7 @@ from .commands import StartScoring
 from .errors import ConfigError, SchedulerMisuse
 from .events import RewardScored
 from .records import request_number
-from .validators import non_negative, positive_number
+from .validators import non_negative, positive, positive_number
 
 
 @frozen(kw_only=True)
@@ -57,6 +58,9 @@ class RewardConfig:
     hedge_after: float | None = field(default=2.0, validator=optional(positive_number))
     """Seconds an execution runs before a free worker starts a second copy of it (first answer
     wins); None: never (a hang is waited out to its deadline)."""
+    hedge_copies: int = field(default=1, validator=positive)
+    """Most copies of one sample besides its first execution: copy k starts `hedge_after` after
+    copy k - 1 did, while none has answered."""
     priority: bool = True
     """Samples of complete groups are scored before those of open groups (False: arrival order)."""
     burst_workers: int = field(default=0, validator=non_negative)
@@ -133,17 +137,18 @@ class RewardScheduler:
 
     def finished(self, state: RewardState, request_id: str, reward: float, correct: bool, at: float,
                  failed: bool = False, seconds: float | None = None) -> tuple[RewardState, list]:
-        """The scorer of `request_id` (either copy) answered at `at`, having run `seconds` (a driver
-        that measured it; else the time since its first copy started).  The first answer is the
-        sample's; a later one (the other copy's, or after the timeout) is ignored."""
+        """The scorer of `request_id` (any copy) answered at `at`, having run `seconds` (a driver
+        that measured it; else, or when the sample was hedged, the time since its first copy started:
+        T_anchor then counts the wait the deadline bounds, not the winning copy's run alone).  The
+        first answer is the sample's; a later one (another copy's, or after the timeout) is ignored."""
         number = request_number(request_id)
         entry = state.running.get(number)
         if entry is None:
             return state, []
         _, _, starts = entry
         anchor = state.anchor
-        if correct and not failed:
-            anchor = max(anchor or 0.0, at - starts[0] if seconds is None else seconds)
+        if correct and not failed:  # (hedged: the sample's time since its first start, what its deadline bounds)
+            anchor = max(anchor or 0.0, at - starts[0] if seconds is None or len(starts) > 1 else seconds)
         state = attrs.evolve(state, running=state.running.delete(number), busy=state.busy - len(starts),
                              anchor=anchor, scored=state.scored + 1, failures=state.failures + int(failed))
         out: list = [RewardScored(request_id, 0.0 if failed else reward, failed, at)]
@@ -195,20 +200,24 @@ class RewardScheduler:
                              running=running, busy=busy)
         return self._hedge(state, at, out)
 
-    def _hedge_at(self, at: float, deadline: float) -> float | None:
+    def _hedge_at(self, at: float, deadline: float, copy: int = 0) -> float | None:
+        """When the execution started now (its `copy`) may get the next copy; None: it may not."""
         after = self.config.hedge_after
-        return at + after if after is not None and at + after < deadline else None
+        if after is None or copy >= self.config.hedge_copies or at + after >= deadline:
+            return None
+        return at + after
 
     def _hedge(self, state: RewardState, at: float, out: list) -> tuple[RewardState, list]:
         after, limit = self.config.hedge_after, self.config.workers + self.config.burst_workers
         if after is None or state.first or state.busy >= limit:  # (first: the step's samples wait)
             return state, out
-        due = sorted((starts[0], number) for number, (_, d, starts) in state.running.items()
-                     if len(starts) == 1 and starts[0] + after <= at < d)
+        due = sorted((starts[-1], number) for number, (_, d, starts) in state.running.items()
+                     if len(starts) <= self.config.hedge_copies and starts[-1] + after <= at < d)
         running, busy = state.running, state.busy
         for _, number in due[: limit - busy]:
             rid, deadline, starts = running[number]
             running = running.set(number, (rid, deadline, (*starts, at)))
             busy += 1
-            out.append(StartScoring(rid, deadline, deadline - at, 0.0, copy=1))
+            out.append(StartScoring(rid, deadline, deadline - at, 0.0, copy=len(starts),
+                                    hedge_at=self._hedge_at(at, deadline, len(starts))))
         return attrs.evolve(state, running=running, busy=busy, hedges=state.hedges + busy - state.busy), out
