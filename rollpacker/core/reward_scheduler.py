@@ -5,10 +5,11 @@ Theory of operation
 The planner asks for a kept sample to be scored (ScoreSample); the driver hands it here with
 `submit` (through the core's Scheduler, which holds this scheduler and its state:
 `Scheduler.start_scoring`, `scoring_finished`, `expire_rewards`).  At most `workers` executions run
-at once (`workers + burst_workers` for complete groups' samples and hedges); the rest wait in arrival order (samples that finish first are scored first, so rewards
-stream with the rollout), except that with `priority` the samples of a complete group (`promote`,
-on its CloseGroup) go before every sample of a group still open: the groups that close the round
-are the ones its step waits for.  Each started sample gets a deadline, RollPacker's adaptive
+at once (`workers + burst_workers` for complete groups' samples and hedges); the rest wait in
+arrival order (samples that finish first are scored first, so rewards stream with the rollout),
+except that with `priority` the samples of a complete group (`promote`, on its CloseGroup) go
+before every sample of a group still open: the groups that close the round are the ones its step
+waits for.  Each started sample gets a deadline, RollPacker's adaptive
 timeout (arXiv 2509.21009, section 5):
 
     T = min(max(T_min, scale * T_anchor), T_max)       defaults 2 s, 1.5, 30 s
@@ -24,8 +25,8 @@ Hedging (`hedge_after`): an execution still running `hedge_after` seconds after 
 no complete group's sample waits and a worker is free, is started once more on that worker
 (`StartScoring` with `copy=1`, the same deadline; then copy 2 `hedge_after` later, up to
 `hedge_copies`).  The first answer of any copy is the sample's one reward; the others' answers are
-ignored (a backend cancels them).  A hang or a slow
-execution then costs about `hedge_after` plus a fresh execution instead of the timeout.  The
+ignored (a backend cancels them).  A hang or a slow execution then costs about `hedge_after` plus
+a fresh execution instead of the timeout.  The
 driver wakes the core at a start's `hedge_at` (`hedge(state, at)`); every other input hedges too.
 
 Pure: `(state, input) -> (state, outputs)`, where outputs are `StartScoring` commands for the driver
@@ -195,7 +196,8 @@ class RewardScheduler:
             tickets = tickets.delete(number)
             running = running.set(number, (rid, at + timeout, (at,)))
             busy += 1
-            out.append(StartScoring(rid, at + timeout, timeout, at - arrived, hedge_at=self._hedge_at(at, at + timeout)))
+            out.append(StartScoring(rid, at + timeout, timeout, at - arrived,
+                                    hedge_at=self._hedge_at(at, at + timeout)))
         state = attrs.evolve(state, queue=queue, head=head, first=first if queue else (), tickets=tickets,
                              running=running, busy=busy)
         return self._hedge(state, at, out)

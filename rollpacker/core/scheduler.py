@@ -14,7 +14,8 @@ timeout), so every driver gets each sample's scoring deadline from the core.  A 
 scorers with deadlines calls `start_scoring` for each ScoreSample, runs a scorer for each
 `StartScoring(request_id, deadline, timeout)` it gets back, reports answers with `scoring_finished`
 and, if it enforces deadlines by the core's clock, calls `expire_rewards` when the clock passes
-`next_reward_deadline`; it calls `hedge_rewards` when the clock passes a StartScoring's `hedge_at`.  A driver that scores on its own answers ScoreSample with
+`next_reward_deadline`; it calls `hedge_rewards` when the clock passes a StartScoring's
+`hedge_at`.  A driver that scores on its own answers ScoreSample with
 `handle(RewardScored(...))` instead.
 
     sched = Scheduler(make_policy("tail", prompts=P, samples=R, max_tokens=L), num_prompts=N)
