@@ -138,7 +138,7 @@ class LiveBackend:
         self._reward_jobs: dict[str, RewardJob] = {}
         """Reward jobs of kept samples until their first answer (a hedge runs the same job again)."""
         self._hedged: set[str] = set()
-        """Samples with a second copy in flight: the first answer cancels the other."""
+        """Samples with hedged copies in flight: the first answer cancels the others."""
         self._hedge_due: list[float] = []
         """Heap of the StartScoring `hedge_at` times still ahead (each a HedgeDue for the core)."""
         self._log = StepLog(start=clock.now())
@@ -207,11 +207,11 @@ class LiveBackend:
         return [HedgeDue()] if due else []
 
     def _first_answers(self, outcomes: Sequence[RewardOutcome]) -> list[RewardOutcome]:
-        """Each sample's first answer (either copy's); the other copy of a hedged one is cancelled."""
+        """Each sample's first answer (any copy's); the other copies of a hedged one are cancelled."""
         first = []
         for outcome in outcomes:
             if self._reward_jobs.pop(outcome.request_id, None) is None:
-                continue  # the other copy answered first
+                continue  # another copy answered first
             if outcome.request_id in self._hedged:
                 self._hedged.discard(outcome.request_id)
                 self.rewards.cancel(outcome.request_id)
