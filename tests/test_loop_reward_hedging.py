@@ -3,7 +3,7 @@ execution of one sample's scorer hangs (a stuck sandbox: it sleeps far past anyt
 wait) and a re-run of it answers at once.  With `hedge_after` the core starts a second copy on a
 free worker; its answer is the sample's reward (correct, not a timeout), the hung copy is cancelled
 (its worker killed), and the step does not wait for the deadline.  The process pool itself: a
-cancelled job gives no outcome."""
+cancelled job gives no outcome, and copies that all fail give one outcome."""
 
 from __future__ import annotations
 
@@ -79,3 +79,22 @@ def test_a_cancelled_job_gives_no_outcome_and_its_worker_is_replaced(tmp_path, m
         assert rewards.poll(timeout=None) == [] and rewards.num_in_flight == 0
         report = rewards.step_report()
     assert report.num_workers_replaced == 1 and report.num_timed_out == 0 and report.num_scored == 1
+
+
+def test_copies_that_all_time_out_give_one_outcome_counted_once():
+    """A scorer that hangs on every run: both copies reach the same deadline; the request has one
+    "timeout" outcome and the step report counts one."""
+    with ProcessRewardExecutor(2, scorer=always_stuck_scorer) as rewards:
+        for copy in (0, 1):
+            rewards.submit(RewardJob("rp000000000002", "t", None, (GOOD, STUCK, STUCK), deadline_s=1.0, copy=copy))
+        outcomes = []
+        while rewards.num_in_flight:
+            outcomes += rewards.poll(timeout=DEADLINE_S)
+        report = rewards.step_report()
+    assert [(o.request_id, o.status) for o in outcomes] == [("rp000000000002", "timeout")]
+    assert report.num_timed_out == 1 and report.failures_by_kind["timeout"] == 1
+
+
+def always_stuck_scorer(task, entry, response):
+    time.sleep(HANG_S)
+    return 1.0

@@ -27,7 +27,8 @@ The deadline counts from when a worker starts the job; the wait before that is r
 `queue_s`.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
 `step_report()` returns the counts and queue latency since the previous call.
 
-A hedge (`RewardJob.copy` 1) runs beside the job it copies (same request id); `cancel(request_id)`
+A hedge (`RewardJob.copy` >= 1) runs beside the job it copies (same request id): the first outcome
+of any copy is the request's one outcome (later copies' are dropped, uncounted); `cancel(request_id)`
 withdraws every copy still queued or running (a running one's worker is killed and replaced, as at
 a timeout): no outcome comes for a cancelled job.
 
@@ -218,8 +219,10 @@ class ProcessRewardExecutor:
         self._num_workers = num_workers
         self._lock = threading.Lock()
         self._pending: deque[tuple[RewardJob, float]] = deque()
-        self._in_flight: set[tuple[str, int]] = set()
-        """(request id, copy) of every job submitted and not yet answered or cancelled."""
+        self._in_flight: dict[str, set[int]] = {}
+        """Request id -> the copies of its job submitted and not yet answered or cancelled."""
+        self._settled: set[str] = set()
+        """Request ids whose first outcome went out while another copy was in flight."""
         self._cancel: set[str] = set()
         """Request ids whose jobs the dispatcher withdraws."""
         self._out: queue.Queue[RewardOutcome] = queue.Queue()
@@ -242,9 +245,10 @@ class ProcessRewardExecutor:
         with self._lock:
             if self._is_closed:
                 raise BackendMisuse("the reward executor is closed")
-            if (job.request_id, job.copy) in self._in_flight:
+            copies = self._in_flight.setdefault(job.request_id, set())
+            if job.copy in copies:
                 raise BackendMisuse(f"reward job {job.request_id!r} is already in flight (duplicate request_id)")
-            self._in_flight.add((job.request_id, job.copy))
+            copies.add(job.copy)
             self._pending.append((job, time.monotonic()))
         self._wake_w.send_bytes(b"j")
 
@@ -260,7 +264,7 @@ class ProcessRewardExecutor:
         """Withdraw every copy of `request_id` still queued or running: none gives an outcome (a
         running one's worker is killed and replaced).  A copy already answered is unaffected."""
         with self._lock:
-            if not any(rid == request_id for rid, _ in self._in_flight):
+            if request_id not in self._in_flight:
                 return
             self._cancel.add(request_id)
         self._wake_w.send_bytes(b"x")
@@ -398,7 +402,9 @@ class ProcessRewardExecutor:
                 w.job = None
                 self._replace(w, "error", "", "")
         with self._lock:  # (last: no job in flight means its worker was replaced)
-            self._in_flight = {key for key in self._in_flight if key[0] not in cancel}
+            for rid in cancel:
+                self._in_flight.pop(rid, None)
+                self._settled.discard(rid)
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
@@ -424,7 +430,8 @@ class ProcessRewardExecutor:
     def _record(self, job: RewardJob, queue_s: float, status: str, reward: float, error: str, latency: float,
                 metrics: dict[str, float] | None = None, kind: str = "") -> None:
         with self._lock:
-            self._in_flight.discard((job.request_id, job.copy))
+            if not self._first_outcome(job):
+                return
             setattr(self._stats, status, getattr(self._stats, status) + 1)
             if kind:
                 self._stats.kinds[kind] += 1
@@ -434,6 +441,19 @@ class ProcessRewardExecutor:
             self._stats.latency_s.append(latency)
         self._out.put(RewardOutcome(job.request_id, reward, status, latency_s=latency, queue_s=queue_s, error=error,
                                     copy=job.copy))
+
+    def _first_outcome(self, job: RewardJob) -> bool:
+        """Mark `job`'s copy answered (under the lock); False when another copy's outcome went out
+        first: one outcome per request id, counted once."""
+        rid, copies = job.request_id, self._in_flight.get(job.request_id, set())
+        copies.discard(job.copy)
+        first = rid not in self._settled
+        if copies:
+            self._settled.add(rid)
+        else:
+            self._in_flight.pop(rid, None)
+            self._settled.discard(rid)
+        return first
 
     def _shutdown(self) -> None:
         """Stop every worker; jobs still queued or running end as errors so none is lost."""
