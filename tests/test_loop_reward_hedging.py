@@ -37,7 +37,7 @@ def stuck_once_scorer(task, entry, response):
     return float(response[0] == GOOD)
 
 
-def run(hedge_after: float | None, marks: Path) -> tuple[dict, dict, float, object]:
+def run(hedge_after: float | None) -> tuple[dict, dict, float, object]:
     calls: list = []
     engine = ScriptedEngine(calls)  # request k answers (GOOD if k is even else BAD, k, k)
     config = RewardConfig(workers=4, t_min=DEADLINE_S, t_max=DEADLINE_S, hedge_after=hedge_after)
@@ -57,7 +57,7 @@ def run(hedge_after: float | None, marks: Path) -> tuple[dict, dict, float, obje
 @pytest.mark.timeout(120)
 def test_a_hung_scorer_is_hedged_on_a_free_worker_not_waited_out(tmp_path, monkeypatch):
     monkeypatch.setenv("RP_TEST_MARKS", str(tmp_path))
-    by_k, record, elapsed, report = run(hedge_after=1.0, marks=tmp_path)
+    by_k, record, elapsed, report = run(hedge_after=1.0)
     assert by_k == {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0}, "request 2 scored by its hedge: correct, not a timeout"
     assert record["reward_failures"] == 0 and report.num_timed_out == 0 and report.num_scored == 4
     assert report.num_workers_replaced == 1, "the hung copy was cancelled: its worker killed and replaced"

@@ -9,7 +9,7 @@ import heapq
 import itertools
 import math
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollpacker.core import RewardScored
@@ -72,6 +72,7 @@ class Scorers:
 execution = st.one_of(st.floats(0.01, 40.0), st.just(HANG))
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(execution, execution), min_size=1, max_size=30), st.integers(1, 8),
        st.sampled_from([None, 0.5, 2.0]), st.integers(0, 3))
 def test_each_sample_is_answered_once_by_its_deadline_whatever_hedges_run(times, workers, hedge_after, burst):
@@ -85,6 +86,7 @@ def test_each_sample_is_answered_once_by_its_deadline_whatever_hedges_run(times,
         assert all(len(s) == 1 for s in scorers.started.values())
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.one_of(st.floats(3.0, 40.0), st.just(HANG)), st.floats(0.01, 1.0)),
                 min_size=1, max_size=12))
 def test_with_a_free_worker_a_hung_or_slow_execution_is_hedged_not_waited_out(times):
@@ -99,6 +101,7 @@ def test_with_a_free_worker_a_hung_or_slow_execution_is_hedged_not_waited_out(ti
     assert scorers.state.hedges == len(times) and scorers.state.timeouts == 0
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=2, max_size=40), st.integers(1, 3),
        st.integers(0, 2))
 def test_samples_of_complete_groups_start_first_and_get_the_burst_workers(arrivals, workers, burst):
