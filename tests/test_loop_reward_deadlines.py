@@ -139,3 +139,8 @@ def test_reward_deadline_flag_bounds_the_adaptive_deadline():
         (3, 6.0, 2.0, 4.5, 6.0)
     fixed = RunConfig(reward_deadline_s=1.0).reward_config()
     assert fixed.timeout(None) == fixed.timeout(0.01) == fixed.timeout(5.0) == 1.0
+
+
+def test_reward_hedge_flag_sets_the_cores_hedge_and_0_turns_it_off():
+    assert RunConfig(reward_hedge_after_s=3.0).reward_config().hedge_after == 3.0
+    assert RunConfig(reward_hedge_after_s=0).reward_config().hedge_after is None

@@ -227,6 +227,8 @@ def test_bad_plugin_options_and_registrations_are_one_line(plugin_env, tiny_mode
         (["--spec-tokens", "0"], "--spec-max-rows must be >= 0 and --spec-tokens >= 1, got None and 0"),
         (["--reward-workers", "0"], "--reward-workers must be >= 1, got 0"),
         (["--reward-deadline-s", "nan"], "--reward-deadline-s must be > 0, got nan"),
+        (["--reward-hedge-after-s", "-1"], "--reward-hedge-after-s must be >= 0, got -1"),
+        (["--reward-burst-workers", "-1"], "--reward-burst-workers must be >= 0, got -1"),
         (["--rollout", "sglang"], "--rollout sglang needs --sglang-urls URL [URL ...]"),
         (["--rollout", "sglang", "--sglang-urls", "http://127.0.0.1:1", "--weight-sync-bucket-mb", "0"],
          "--weight-sync-bucket-mb must be >= 1, got 0"),

@@ -22,7 +22,7 @@ from rollpacker.core import (
 )
 from rollpacker.core.records import request_id, request_number
 from rollpacker.core.reward_scheduler import RewardConfig, RewardScheduler, StartScoring
-from rollpacker.driver import DeadlinePassed, Driver, ScorerAnswered, VirtualClock
+from rollpacker.driver import DeadlinePassed, Driver, HedgeDue, ScorerAnswered, VirtualClock
 
 
 def starts(out):
@@ -40,7 +40,7 @@ def test_timeout_formula_paper_defaults():
 
 
 def test_worker_budget_and_anchor():
-    sched = RewardScheduler(RewardConfig(workers=2))
+    sched = RewardScheduler(RewardConfig(workers=2, hedge_after=None))  # (hedging: below)
     s = sched.initial()
     s, out = sched.submit(s, request_id(1), 0.0)
     s, out2 = sched.submit(s, request_id(2), 0.0)
@@ -114,6 +114,9 @@ class TimedScorers:
         self.driver = Driver(sched, self, self.clock)
         self.heap, self.tick, self.draw = [], itertools.count(), itertools.cycle(durations)
         self.kept, self.answered, self.anchor, self.opt_steps = [], Counter(), None, 0
+        self.deadlines: dict[str, float] = {}
+        self.first_start: dict[str, float] = {}
+        self.hedged: set[str] = set()
 
     def _push(self, at: float, item) -> None:
         heapq.heappush(self.heap, (at, next(self.tick), item))
@@ -128,7 +131,16 @@ class TimedScorers:
 
     def start_scoring(self, command: StartScoring) -> None:
         now = self.clock.now()
-        assert command.timeout == self.config.timeout(self.anchor) and command.deadline == now + command.timeout
+        if command.copy:  # a hedge: the sample's deadline, the time left to it
+            assert command.deadline == self.deadlines[command.request_id] and command.timeout == command.deadline - now
+            self.hedged.add(command.request_id)
+        else:
+            assert command.timeout == pytest.approx(self.config.timeout(self.anchor))
+            assert command.deadline == now + command.timeout
+            self.deadlines[command.request_id] = command.deadline
+            self.first_start[command.request_id] = now
+        if command.hedge_at is not None:
+            self._push(command.hedge_at, HedgeDue())
         seconds = next(self.draw)
         if seconds < command.timeout:
             reward = float(request_number(command.request_id) % 2 == 0)  # even requests are correct
@@ -144,8 +156,12 @@ class TimedScorers:
     def wait(self) -> list:
         at, _, item = heapq.heappop(self.heap)
         self.clock.advance_to(at)
-        if isinstance(item, ScorerAnswered) and item.reward > 0:
-            self.anchor = max(self.anchor or 0.0, item.seconds)
+        if isinstance(item, ScorerAnswered) and item.reward > 0 and item.request_id in self.deadlines:
+            # the first answer (a later copy's is ignored); hedged: the time since the first start
+            rid = item.request_id
+            seconds = at - self.first_start[rid] if rid in self.hedged else item.seconds
+            self.anchor = max(self.anchor or 0.0, seconds)
+            del self.deadlines[rid]
         return [item]
 
     def observe(self, notice) -> None:
@@ -173,7 +189,7 @@ def test_scheduler_scores_every_kept_sample_once_by_the_cores_deadline(durations
         backend.driver.run_step()
         assert sched.step_done and backend.opt_steps == step + 1
     assert set(backend.answered) <= set(backend.kept) and all(n == 1 for n in backend.answered.values())
-    assert sched.reward_state.anchor == backend.anchor
+    assert sched.reward_state.anchor == pytest.approx(backend.anchor)
 
 
 def test_adaptive_deadline_survives_a_checkpoint_restore():

@@ -66,6 +66,12 @@ class StartScoring:
     timeout: float
     queued_s: float = 0.0
     """How long the sample waited for a worker (since `start_scoring`)."""
+    copy: int = 0
+    """0: the sample's execution; k >= 1: a hedge, one more execution of a slow one (same deadline,
+    `timeout` the time left to it): the first answer of any is the sample's."""
+    hedge_at: float | None = None
+    """When this execution is due for a hedge (the driver then calls `Scheduler.hedge_rewards`);
+    None: never (hedging off, a copy, or not before the deadline)."""
 
 
 @frozen

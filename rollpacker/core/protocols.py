@@ -188,6 +188,8 @@ class RewardJob:
     entry: Any
     response: str
     deadline_s: float = 10.0
+    copy: int = 0
+    """0: the sample's execution; k >= 1: a hedge (StartScoring.copy), in flight beside it."""
 
 
 REWARD_STATUSES = ("ok", "error", "timeout", "nan")
@@ -203,6 +205,8 @@ class RewardOutcome:
     queue_s: float = 0.0
     """Time the job waited for a worker."""
     error: str = ""
+    copy: int = 0
+    """The job's copy (RewardJob.copy)."""
 
     @property
     def failed(self) -> bool:
@@ -212,6 +216,10 @@ class RewardOutcome:
 @runtime_checkable
 class RewardExecutor(Protocol):
     def submit(self, job: RewardJob) -> None: ...
+
+    def cancel(self, request_id: str) -> None:
+        """Withdraw the jobs of `request_id` still in flight (a hedged sample answered): no outcome
+        comes for them.  Called only for a sample whose scoring the core hedged."""
 
     def poll(self, timeout: float | None = None) -> list[RewardOutcome]: ...
 

@@ -14,7 +14,8 @@ timeout), so every driver gets each sample's scoring deadline from the core.  A 
 scorers with deadlines calls `start_scoring` for each ScoreSample, runs a scorer for each
 `StartScoring(request_id, deadline, timeout)` it gets back, reports answers with `scoring_finished`
 and, if it enforces deadlines by the core's clock, calls `expire_rewards` when the clock passes
-`next_reward_deadline`.  A driver that scores on its own answers ScoreSample with
+`next_reward_deadline`; it calls `hedge_rewards` when the clock passes a StartScoring's
+`hedge_at`.  A driver that scores on its own answers ScoreSample with
 `handle(RewardScored(...))` instead.
 
     sched = Scheduler(make_policy("tail", prompts=P, samples=R, max_tokens=L), num_prompts=N)
@@ -58,6 +59,8 @@ class Scheduler:
         """Planner state as of the last optimizer step: what a checkpoint saves."""
         self.step_done = True
         """True between a StepOptimizer and the next begin_round."""
+        self._complete: set[str] = set()
+        """Samples of this round's complete groups (CloseGroup), for `start_scoring`'s priority."""
         self.tp_rule = tp
         self.tp_state: OnlineTP | None = tp.initial() if tp is not None else None
         """The online rule's state (its preemption history); None without a TpRule."""
@@ -70,6 +73,7 @@ class Scheduler:
 
     def begin_round(self) -> list[Command]:
         self.step_done = False
+        self._complete.clear()
         self.state, commands = self.planner.begin_round(self.state)
         return self._route(self._with_tp(commands))
 
@@ -108,7 +112,9 @@ class Scheduler:
     def start_scoring(self, request_id: str, at: float) -> list:
         """Queue a kept sample (from ScoreSample) for scoring: `StartScoring` for each sample that
         gets a worker now, with its deadline (T = min(max(t_min, scale x T_anchor), t_max))."""
-        self.reward_state, out = self.rewards.submit(self.reward_state, request_id, at)
+        first = request_id in self._complete
+        self._complete.discard(request_id)
+        self.reward_state, out = self.rewards.submit(self.reward_state, request_id, at, first=first)
         return out
 
     def scoring_finished(self, request_id: str, reward: float, at: float, failed: bool = False,
@@ -126,6 +132,12 @@ class Scheduler:
         self.reward_state, out = self.rewards.expire(self.reward_state, at)
         return self._scored(out)
 
+    def hedge_rewards(self, at: float) -> list:
+        """The clock reached a StartScoring's `hedge_at`: second copies of the executions due, on
+        free workers (`StartScoring(copy=1)`)."""
+        self.reward_state, out = self.rewards.hedge(self.reward_state, at)
+        return out
+
     def _scored(self, out: list) -> list:
         result = []
         for item in out:
@@ -137,6 +149,10 @@ class Scheduler:
     def _route(self, commands: list[Command]) -> list[Command]:
         out = list(commands)
         for command in commands:
+            if isinstance(command, CloseGroup):  # its samples are the ones the step waits for
+                ids = [x.request_id for x in command.samples]
+                self.reward_state = self.rewards.promote(self.reward_state, ids)
+                self._complete.update(ids)  # (the last ones are submitted after this: start_scoring)
             if isinstance(command, _FOR_BATCHER):
                 self.batch_state, more = self.batcher.handle(self.batch_state, command)
                 out.extend(more)

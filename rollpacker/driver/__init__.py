@@ -12,10 +12,10 @@ The simulator (`rollpacker.sim.Simulation`) is another Backend of the same Drive
 
 from .clock import Clock, VirtualClock, WallClock
 from .live import LiveBackend, LoopConfig, PromptSource, StepLoop, StepTimeout, sync_weights
-from .loop import Backend, DeadlinePassed, Driver, Input, Notice, Observer, ScorerAnswered, StepBegun
+from .loop import Backend, DeadlinePassed, Driver, HedgeDue, Input, Notice, Observer, ScorerAnswered, StepBegun
 from .step_log import Interval, StepLog
 from .train_worker import TrainerRan, TrainWorker
 
-__all__ = ["Driver", "Backend", "Observer", "Notice", "StepBegun", "Input", "ScorerAnswered", "DeadlinePassed",
+__all__ = ["Driver", "Backend", "Observer", "Notice", "StepBegun", "Input", "ScorerAnswered", "DeadlinePassed", "HedgeDue",
            "Clock", "WallClock", "VirtualClock", "LiveBackend", "StepLoop", "LoopConfig", "Interval", "StepLog", "PromptSource", "StepTimeout",
            "sync_weights", "TrainWorker", "TrainerRan"]

@@ -52,6 +52,7 @@ from rollpacker.core.protocols import (
     MicroBatch,
     RewardExecutor,
     RewardJob,
+    RewardOutcome,
     RolloutEngine,
     TrainSample,
     Trainer,
@@ -60,7 +61,7 @@ from rollpacker.core.records import PromptKey, Sample, Segment
 
 from .clock import Clock, WallClock
 from .colocate import Colocation
-from .loop import DeadlinePassed, Driver, Input, Notice, ScorerAnswered, StepBegun
+from .loop import DeadlinePassed, Driver, HedgeDue, Input, Notice, ScorerAnswered, StepBegun
 from .step_log import Interval, StepLog
 from .train_worker import OPTIMIZER_STEP, TrainerRan, TrainWorker
 
@@ -134,9 +135,13 @@ class LiveBackend:
         self._kept: dict[str, Interval] = {}
         """Intervals of kept samples that may still be scored or trained (a carried group's, in a later step)."""
         self._reward_jobs: dict[str, RewardJob] = {}
-        """Reward jobs of kept samples waiting for the core to start their scoring."""
+        """Reward jobs of kept samples until their first answer (a hedge runs the same job again)."""
         self._deadlines: list[float] = []
         """The started scorings' `StartScoring.deadline`s, a heap: `wait` tells the core when one passed."""
+        self._hedged: set[str] = set()
+        """Samples with hedged copies in flight: the first answer cancels the others."""
+        self._hedge_due: list[float] = []
+        """Heap of the StartScoring `hedge_at` times still ahead (each a HedgeDue for the core)."""
         self._log = StepLog(start=clock.now())
         self.colocation = Colocation(engine) if self.config.colocate else None
 
@@ -183,7 +188,9 @@ class LiveBackend:
         if not outputs and not outcomes and not waiting_on_engine:
             outcomes = self.rewards.poll(timeout=self.config.poll_s)
         inputs: list[Input] = [self._engine_event(out) for out in outputs if isinstance(out, GenerationResult)]
-        inputs += [ScorerAnswered(o.request_id, o.reward, o.failed, o.latency_s) for o in outcomes]
+        answers = self._first_answers(outcomes)
+        inputs += [ScorerAnswered(o.request_id, o.reward, o.failed, o.latency_s) for o in answers]
+        inputs.extend(self._hedges_due())  # (after the answers: a sample just answered is not hedged)
         if self._deadline_passed():
             inputs.insert(0, DeadlinePassed())
         if inputs:
@@ -192,11 +199,23 @@ class LiveBackend:
 
     def _deadline_passed(self) -> bool:
         """Whether the clock passed a scoring's deadline since the last call (its deadlines are dropped)."""
-        now, passed = self.clock.now(), False
-        while self._deadlines and self._deadlines[0] <= now:
-            heapq.heappop(self._deadlines)
-            passed = True
-        return passed
+        return bool(_pop_due(self._deadlines, self.clock.now()))
+
+    def _hedges_due(self) -> list[Input]:
+        """One HedgeDue once the clock passed a scoring's `hedge_at` (the core hedges every due one)."""
+        return [HedgeDue()] if _pop_due(self._hedge_due, self.clock.now()) else []
+
+    def _first_answers(self, outcomes: Sequence[RewardOutcome]) -> list[RewardOutcome]:
+        """Each sample's first answer (any copy's); the other copies of a hedged one are cancelled."""
+        first = []
+        for outcome in outcomes:
+            if self._reward_jobs.pop(outcome.request_id, None) is None:
+                continue  # another copy answered first
+            if outcome.request_id in self._hedged:
+                self._hedged.discard(outcome.request_id)
+                self.rewards.cancel(outcome.request_id)
+            first.append(outcome)
+        return first
 
     def _engine_event(self, result: GenerationResult) -> RequestFinished | RequestAborted:
         self.tokens[result.request_id] = result
@@ -244,10 +263,17 @@ class LiveBackend:
         self._reward_jobs[sample.request_id] = job
 
     def start_scoring(self, command: StartScoring) -> None:
-        """Send the job to the executor with the core's timeout (its worker is killed past it), and
-        expire it by the core's clock at `command.deadline` (`wait`), as the simulator does."""
-        self._log.reward_waits.append(command.queued_s)
-        self.rewards.submit(attrs.evolve(self._reward_jobs.pop(command.request_id), deadline_s=command.timeout))
+        """Send the job to the executor with the core's timeout (its worker is killed past it; a hedge:
+        the time left), and expire it by the core's clock at `command.deadline` (`wait`), as the
+        simulator does."""
+        if command.copy:
+            self._hedged.add(command.request_id)
+        else:
+            self._log.reward_waits.append(command.queued_s)
+        if command.hedge_at is not None:
+            heapq.heappush(self._hedge_due, command.hedge_at)
+        job = self._reward_jobs[command.request_id]
+        self.rewards.submit(attrs.evolve(job, deadline_s=command.timeout, copy=command.copy))
         heapq.heappush(self._deadlines, command.deadline)
 
     def scored(self, event: RewardScored) -> None:
@@ -425,3 +451,12 @@ class StepLoop(Driver):
     def tokens(self) -> dict[str, GenerationResult]:
         """Results still needed (carried or resumed by a later step), by request id."""
         return self.live.tokens
+
+
+def _pop_due(heap: list[float], now: float) -> int:
+    """Pop the times in `heap` that `now` passed; how many there were."""
+    count = 0
+    while heap and heap[0] <= now:
+        heapq.heappop(heap)
+        count += 1
+    return count

@@ -21,7 +21,8 @@ job), then handed to the core's reward scheduler; each `StartScoring` it gives b
 adaptive deadline included) is a command like the others, and the scorers' answers come back
 through `wait` as `ScorerAnswered`; once the clock passes a `StartScoring.deadline`, the backend's
 `wait` returns `DeadlinePassed` and the core times out what that deadline cut (live and simulated
-alike: one expiry path, an answer after it is ignored).
+alike: one expiry path, an answer after it is ignored); a backend whose StartScoring has a `hedge_at`
+reports `HedgeDue` when its clock passes it (the core may then start a second copy, `copy=1`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ class DeadlinePassed:
     """The clock reached the core's next reward deadline: the scorings past it time out."""
 
 
-Input = RequestFinished | RequestAborted | ScorerAnswered | DeadlinePassed
+@frozen
+class HedgeDue:
+    """The clock reached a StartScoring's `hedge_at`: a slow execution may get a second copy."""
+
+
+Input = RequestFinished | RequestAborted | ScorerAnswered | DeadlinePassed | HedgeDue
 
 
 @frozen
@@ -164,6 +170,8 @@ class Driver:
             return self.sched.scoring_finished(item.request_id, reward, now, item.failed, seconds=item.seconds)
         if isinstance(item, DeadlinePassed):
             return self.sched.expire_rewards(now)
+        if isinstance(item, HedgeDue):
+            return self.sched.hedge_rewards(now)
         return self.sched.handle(item)
 
     def execute(self, commands: Sequence) -> None:

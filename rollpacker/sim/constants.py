@@ -14,7 +14,8 @@ from typing import ClassVar
 from attrs import field, frozen
 
 from rollpacker.core.cost_model import Hardware, ModelShape
-from rollpacker.core.validators import fraction, non_negative_number, positive, positive_number, probability
+from rollpacker.core.reward_scheduler import RewardConfig
+from rollpacker.core.validators import fraction, non_negative, non_negative_number, positive, positive_number, probability
 
 from .speculation import SpecConstants
 
@@ -97,6 +98,24 @@ class RewardConstants:
     """RollPacker adaptive timeout: T = min(max(T_min, lambda * T_anchor), T_max)."""
     scale: float = field(default=1.5, validator=positive_number)
     t_max: float = field(default=30.0, validator=positive_number)
+    hedge_after: float = field(default=1.0, validator=non_negative_number)
+    """A sample whose execution still runs after this many seconds gets another on a free worker
+    (the first answer wins; RewardConfig.hedge_after); 0: never.  Assumption: 2 x the median
+    execution, so about one execution in four is hedged when a worker is free."""
+    hedge_copies: int = field(default=3, validator=positive)
+    """Most hedges of one sample, each `hedge_after` after the previous (RewardConfig.hedge_copies)."""
+    priority: bool = True
+    """Samples of complete groups are scored before open groups' (RewardConfig.priority)."""
+    burst_workers: int = field(default=64, validator=non_negative)
+    """Assumption: workers beyond `workers` for complete groups' samples and hedges
+    (RewardConfig.burst_workers): 128 sandboxes in all, 2 per GPU of the 64-GPU settings; a short
+    round of tail batching keeps about 1,100 samples (~900 worker-seconds) in ~9 s."""
+
+    def scheduler_config(self) -> RewardConfig:
+        """The core's reward scheduler with these settings."""
+        return RewardConfig(workers=self.workers, t_min=self.t_min, scale=self.scale, t_max=self.t_max,
+                            hedge_after=self.hedge_after or None, hedge_copies=self.hedge_copies, priority=self.priority,
+                            burst_workers=self.burst_workers)
 
 
 @frozen(kw_only=True)

@@ -38,8 +38,7 @@ from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.records import PromptKey, Sample
 from rollpacker.core.tp_planner import check_tp
-from rollpacker.core.reward_scheduler import RewardConfig
-from rollpacker.driver import DeadlinePassed, Driver, Input, Notice, ScorerAnswered, StepBegun, VirtualClock
+from rollpacker.driver import DeadlinePassed, Driver, HedgeDue, Input, Notice, ScorerAnswered, StepBegun, VirtualClock
 
 from .config import SimConfig
 from .constants import MODELS, SimConstants
@@ -49,7 +48,7 @@ from .metrics import StepMeter, totals
 from .stages import RewardModel, TrainModel
 from .workloads import MAX_PROMPT_TOKENS, load_workload
 
-WAKE, SCORED, DEADLINE = 0, 1, 2
+WAKE, SCORED, DEADLINE, HEDGE = 0, 1, 2, 3
 
 
 class Simulation:
@@ -72,8 +71,7 @@ class Simulation:
                               unseen_length=self.workload.mean_length())
         self.sched = Scheduler(self.policy, num_prompts=self.workload.num_prompts, seed=config.seed,
                                batcher=BatcherConfig(),
-                               rewards=RewardConfig(workers=c.reward.workers, t_min=c.reward.t_min,
-                                                    scale=c.reward.scale, t_max=c.reward.t_max),
+                               rewards=c.reward.scheduler_config(),
                                tp=self.tp_rule)
         self.reward_model = RewardModel(c.reward, config.seed)
         self.train_model = TrainModel(c.train, self.model, config.gpus, c.train.peak_flops)
@@ -93,7 +91,8 @@ class Simulation:
         self.launched_keys: set = set()
         self.trainer_free = 0.0
         self.held_batches: list[TrainMicroBatch] = []
-        self.scoring: dict[str, int] = {}
+        self.scoring: dict[str, int | bool] = {}
+        """A kept sample's prompt index, then (once its scorer ran) whether its answer is correct."""
         self.timelines: dict[int, dict] = {}
         self.groups: dict[PromptKey, list] = {}
         """The round's groups: prompt -> [requests launched, requests ended, live request ids]."""
@@ -190,10 +189,12 @@ class Simulation:
 
     def _fire(self, kind: int, payload) -> list[Input]:
         if kind == SCORED:
-            rid, reward = payload
-            return [ScorerAnswered(rid, reward)]
+            rid, reward, seconds = payload
+            return [ScorerAnswered(rid, reward, seconds=seconds)]
         if kind == DEADLINE:
             return [DeadlinePassed()]
+        if kind == HEDGE:
+            return [HedgeDue()]
         inst, version = payload
         if version == inst.version:
             for req in inst.wake(self.now):
@@ -256,14 +257,23 @@ class Simulation:
         self.scoring[sample.request_id] = sample.prompt.index
 
     def start_scoring(self, command: StartScoring) -> None:
-        """Run the scorer: it answers by the core's deadline, or the deadline passes first."""
-        seconds, correct = self.reward_model.draw(self.scoring.pop(command.request_id))
+        """Run the scorer: it answers by the core's deadline, or the deadline passes first.  A hedge
+        (copy 1) runs the same answer again: a fresh execution time, the same correctness."""
+        rid = command.request_id
+        if command.copy:
+            seconds, correct = self.reward_model.execution_s(), self.scoring[rid]
+        else:
+            seconds, correct = self.reward_model.draw(self.scoring[rid])
+            self.scoring[rid] = correct
         if seconds <= command.timeout:
-            self._push(self.now + seconds, SCORED, (command.request_id, float(correct)))
+            self._push(self.now + seconds, SCORED, (rid, float(correct), seconds))
         else:
             self._push(command.deadline, DEADLINE, None)
+        if command.hedge_at is not None and command.hedge_at < self.now + seconds:
+            self._push(command.hedge_at, HEDGE, None)
 
     def scored(self, event: RewardScored) -> None:
+        self.scoring.pop(event.request_id, None)
         self.meter.reward(event)
 
     def train(self, cmd: TrainMicroBatch) -> None:

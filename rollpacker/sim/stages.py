@@ -13,7 +13,9 @@ from .constants import RewardConstants, TrainConstants
 
 class RewardModel:
     """Scorer execution times (log-normal, a share never returns) and correctness (a per-prompt
-    pass rate drawn uniformly, so groups have reward variance)."""
+    pass rate drawn uniformly, so groups have reward variance).  Each execution's time is drawn
+    afresh, a re-run (hedge) too: the model is a sandbox whose slowness and hangs are the
+    execution's (a busy node, a stuck container), not the answer's."""
 
     def __init__(self, constants: RewardConstants, seed: int) -> None:
         self.c = constants
@@ -24,9 +26,13 @@ class RewardModel:
         """(execution seconds or inf for a hang, correct?)"""
         rate = self.pass_rate.setdefault(prompt_index, float(self.rng.random()))
         correct = bool(self.rng.random() < rate)
+        return self.execution_s(), correct
+
+    def execution_s(self) -> float:
+        """One execution's seconds (inf: it hangs); a re-run of the same answer draws afresh."""
         if self.rng.random() < self.c.hang_rate:
-            return math.inf, correct
-        return float(self.c.median_s * math.exp(self.c.sigma * self.rng.standard_normal())), correct
+            return math.inf
+        return float(self.c.median_s * math.exp(self.c.sigma * self.rng.standard_normal()))
 
 
 class TrainModel:

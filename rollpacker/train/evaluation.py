@@ -85,7 +85,7 @@ class HeldOutEval:
         self.max_tokens = config.max_tokens
         self.engine = EmbeddedEngine(model_dir, capacity=len(rows), dtype=config.dtype, device=device,
                                      seed=config.seed, spec_max_rows=0)
-        self.rewards = attrs.evolve(config.rewards_options(), reward_workers=1).build()
+        self.rewards = attrs.evolve(config.rewards_options(), reward_workers=1, reward_burst_workers=0).build()
 
     def run(self, trainer, step: int) -> dict:
         """Evaluate the trainer's current weights (`step`: the optimizer steps they have had)."""

@@ -16,3 +16,5 @@ def at_least(low: int):
 
 positive_finite = config_check("> 0", *NUMBER, gt(0), label=flag_name)
 """A time or a rate: finite and > 0."""
+non_negative_finite = config_check(">= 0", *NUMBER, ge(0), label=flag_name)
+"""A time that may be 0 (off): finite and >= 0."""

@@ -9,13 +9,13 @@ from attrs import field, frozen
 
 from rollpacker.core.reward_scheduler import RewardConfig
 
-from .flag_checks import at_least, positive_finite
+from .flag_checks import at_least, non_negative_finite, positive_finite
 
 
 @frozen(kw_only=True)
 class RewardsConfig:
-    """The scoring component: its options are the top-level flags --reward, --reward-workers and
-    --reward-deadline-s.  RunConfig.rewards_options() passes `reward` resolved for the data source,
+    """The scoring component: its options are the top-level flags --reward, --reward-workers,
+    --reward-deadline-s, --reward-burst-workers and --reward-hedge-after-s.  RunConfig.rewards_options() passes `reward` resolved for the data source,
     so check() and build() always see a function's name."""
 
     flat = True
@@ -31,12 +31,20 @@ class RewardsConfig:
     min(max(2 s, 1.5 x the slowest correct scoring so far), this); until a correct (positive-reward)
     answer is seen, this.  A scorer past its deadline is killed and the sample gets reward 0.  At 2 s
     or less the deadline is fixed at this."""
+    reward_burst_workers: int = field(default=0, validator=at_least(0))
+    """Worker processes beyond --reward-workers, used only for samples of complete groups (the ones
+    the step waits for) and for hedges: a pool sized to the burst of scoring at the round's end."""
+    reward_hedge_after_s: float = field(default=2.0, validator=non_negative_finite)
+    """A scoring still running after this many seconds gets a second copy on a free worker (the first
+    answer is the sample's reward, the other copy is killed): a stuck or slow scorer costs about this
+    plus a fresh scoring instead of its deadline.  0: off."""
 
     def scheduler_config(self) -> RewardConfig:
         """The core's reward scheduler: --reward-workers at once, deadlines bounded by --reward-deadline-s."""
         bound = self.reward_deadline_s
         floor = attrs.fields(RewardConfig).t_min.default
-        return RewardConfig(workers=self.reward_workers, t_min=min(floor, bound), t_max=bound)
+        return RewardConfig(workers=self.reward_workers, t_min=min(floor, bound), t_max=bound,
+                            hedge_after=self.reward_hedge_after_s or None, burst_workers=self.reward_burst_workers)
 
     def check(self) -> None:
         """The function exists and loads (one line naming --reward otherwise)."""
@@ -49,5 +57,5 @@ class RewardsConfig:
         from rollpacker.backends.rewards import functions as reward_fns
         from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 
-        return ProcessRewardExecutor(self.reward_workers, scorer=reward_fns.scorer(self.reward),
+        return ProcessRewardExecutor(self.reward_workers + self.reward_burst_workers, scorer=reward_fns.scorer(self.reward),
                                      warmup=reward_fns.warmup(self.reward))

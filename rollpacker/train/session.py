@@ -130,7 +130,8 @@ class Session:
         try:
             on_phase(f"starting the rollout engine ({config.rollout})")
             self.engine = config.rollout_options().build(context)  # e.g. a server that does not answer
-            on_phase(f"starting {config.reward_workers} reward worker{'s' * (config.reward_workers != 1)}")
+            workers = config.reward_workers + config.reward_burst_workers
+            on_phase(f"starting {workers} reward worker{'s' * (workers != 1)}")
             self.rewards = rewards.build()
         except BaseException:  # the followers wait for rank 0's first call: release them (they exit 0), so
             if isinstance(self.trainer, LeaderTrainer):  # rank 0's line is the only one

@@ -27,6 +27,11 @@ The deadline counts from when a worker starts the job; the wait before that is r
 `queue_s`.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
 `step_report()` returns the counts and queue latency since the previous call.
 
+A hedge (`RewardJob.copy` >= 1) runs beside the job it copies (same request id): the first outcome
+of any copy is the request's one outcome (later copies' are dropped, uncounted); `cancel(request_id)`
+withdraws every copy still queued or running (a running one's worker is killed and replaced, as at
+a timeout): no outcome comes for a cancelled job.
+
 If the dispatcher thread itself dies (a replacement worker cannot be started), the jobs it held end
 as "error" outcomes and `submit` and `poll` then raise `RewardExecutorFailed` with the cause chained.
 """
@@ -214,7 +219,12 @@ class ProcessRewardExecutor:
         self._num_workers = num_workers
         self._lock = threading.Lock()
         self._pending: deque[tuple[RewardJob, float]] = deque()
-        self._in_flight: set[str] = set()
+        self._in_flight: dict[str, set[int]] = {}
+        """Request id -> the copies of its job submitted and not yet answered or cancelled."""
+        self._settled: set[str] = set()
+        """Request ids whose first outcome went out while another copy was in flight."""
+        self._cancel: set[str] = set()
+        """Request ids whose jobs the dispatcher withdraws."""
         self._out: queue.Queue[RewardOutcome] = queue.Queue()
         self._stats = _Stats()
         self._is_closed = False
@@ -235,9 +245,10 @@ class ProcessRewardExecutor:
         with self._lock:
             if self._is_closed:
                 raise BackendMisuse("the reward executor is closed")
-            if job.request_id in self._in_flight:
+            copies = self._in_flight.setdefault(job.request_id, set())
+            if job.copy in copies:
                 raise BackendMisuse(f"reward job {job.request_id!r} is already in flight (duplicate request_id)")
-            self._in_flight.add(job.request_id)
+            copies.add(job.copy)
             self._pending.append((job, time.monotonic()))
         self._wake_w.send_bytes(b"j")
 
@@ -248,6 +259,15 @@ class ProcessRewardExecutor:
         if not outcomes:
             self._check_dispatcher()
         return outcomes
+
+    def cancel(self, request_id: str) -> None:
+        """Withdraw every copy of `request_id` still queued or running: none gives an outcome (a
+        running one's worker is killed and replaced).  A copy already answered is unaffected."""
+        with self._lock:
+            if request_id not in self._in_flight:
+                return
+            self._cancel.add(request_id)
+        self._wake_w.send_bytes(b"x")
 
     def _check_dispatcher(self) -> None:
         if self._failure is not None:
@@ -329,6 +349,7 @@ class ProcessRewardExecutor:
                 for w in list(self._workers):
                     if w.conn in ready:
                         self._receive(w)
+                self._withdraw()
                 self._enforce_deadlines()
         except BaseException as exc:  # surfaced by submit and poll, once every held job has its outcome
             traceback.print_exc()
@@ -369,6 +390,22 @@ class ProcessRewardExecutor:
         w.process.join(timeout=5)  # reap it, so its exit code is known
         self._replace(w, "error", "worker_died", died_line(w.process.exitcode))
 
+    def _withdraw(self) -> None:
+        """Drop the cancelled jobs: queued ones from the queue, running ones with their worker."""
+        with self._lock:
+            cancel, self._cancel = self._cancel, set()
+            if not cancel:
+                return
+            self._pending = deque(p for p in self._pending if p[0].request_id not in cancel)
+        for w in list(self._workers):
+            if w.job is not None and w.job.request_id in cancel:
+                w.job = None
+                self._replace(w, "error", "", "")
+        with self._lock:  # (last: no job in flight means its worker was replaced)
+            for rid in cancel:
+                self._in_flight.pop(rid, None)
+                self._settled.discard(rid)
+
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for w in list(self._workers):
@@ -393,7 +430,8 @@ class ProcessRewardExecutor:
     def _record(self, job: RewardJob, queue_s: float, status: str, reward: float, error: str, latency: float,
                 metrics: dict[str, float] | None = None, kind: str = "") -> None:
         with self._lock:
-            self._in_flight.discard(job.request_id)
+            if not self._first_outcome(job):
+                return
             setattr(self._stats, status, getattr(self._stats, status) + 1)
             if kind:
                 self._stats.kinds[kind] += 1
@@ -401,7 +439,21 @@ class ProcessRewardExecutor:
             self._stats.add_metrics(metrics or {})
             self._stats.queue_s.append(queue_s)
             self._stats.latency_s.append(latency)
-        self._out.put(RewardOutcome(job.request_id, reward, status, latency_s=latency, queue_s=queue_s, error=error))
+        self._out.put(RewardOutcome(job.request_id, reward, status, latency_s=latency, queue_s=queue_s, error=error,
+                                    copy=job.copy))
+
+    def _first_outcome(self, job: RewardJob) -> bool:
+        """Mark `job`'s copy answered (under the lock); False when another copy's outcome went out
+        first: one outcome per request id, counted once."""
+        rid, copies = job.request_id, self._in_flight.get(job.request_id, set())
+        copies.discard(job.copy)
+        first = rid not in self._settled
+        if copies:
+            self._settled.add(rid)
+        else:
+            self._in_flight.pop(rid, None)
+            self._settled.discard(rid)
+        return first
 
     def _shutdown(self) -> None:
         """Stop every worker; jobs still queued or running end as errors so none is lost."""
