@@ -61,6 +61,16 @@ def load_curves(metrics: Path, runs) -> list[Curve]:
     return curves
 
 
+def at_common_steps(curves: list[Curve]) -> list[Curve]:
+    """Each curve cut to the steps that every curve of its seed reached, with its evaluations up to
+    there: policies are compared at equal training, not at wherever each partial run stopped."""
+    common: dict[int, int] = {}
+    for c in curves:
+        common[c.seed] = min(common.get(c.seed, len(c.steps)), len(c.steps))
+    return [Curve(c.policy, c.seed, c.steps[: common[c.seed]], [e for e in c.evals if e["step"] <= common[c.seed]])
+            for c in curves]
+
+
 def _mean(values) -> float | None:
     values = list(values)
     return statistics.fmean(values) if values else None
@@ -146,12 +156,16 @@ def _f(value, fmt: str = ".3f") -> str:
 
 
 def table_lines(rows: list[dict], target: int, level: float | None) -> list[str]:
-    lines = [f"| policy | seed | steps | held-out reward: before -> final (mean of the last {LAST} evals after a step) "
+    lines = ["Every figure of a row is over the steps that all policies of its seed reached (the plot shows whole runs).",
+             "",
+             f"| policy | seed | steps | held-out reward: before -> final (mean of the last {LAST} evals after a step) "
              f"| trained reward, first {LAST} -> last {LAST} steps (they overlap below {2 * LAST} steps) | kept length, first -> last {LAST} steps | launched length | held-out "
              f"length | mean step s | training s | s (step) to held-out reward {_f(level)} |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        partial = "" if r["steps"] >= target else f" (partial, of {target})"
+        notes = ([] if r["steps"] >= target else [f"partial, of {target}"]) + (
+            [f"compared over its first {r['compared_steps']}"] if r["compared_steps"] < r["steps"] else [])
+        partial = f" ({'; '.join(notes)})" if notes else ""
         reach = "not reached" if r["time_to_level"] is None else f"{r['time_to_level']:.0f} ({r['step_to_level']})"
         lines.append(
             f"| {r['policy']} | {r['seed']} | {r['steps']}{partial} | {_f(r['eval_start'])} -> {_f(r['eval_final'])} "
@@ -210,8 +224,10 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
     curves = load_curves(metrics, runs)
     if not curves:
         return {"rows": [], "policies": {}, "text": f"no metrics yet in {metrics}"}
-    level = reward_level(curves)
-    rows = [run_row(c, level) for c in curves]
+    compared = at_common_steps(curves)
+    level = reward_level(compared)
+    rows = [{**run_row(cut, level), "steps": len(c.steps), "compared_steps": len(cut.steps)}
+            for c, cut in zip(curves, compared)]
     per_policy = policy_rows(rows)
     plot(curves, plot_path)
     setting = json.loads((metrics / "setting.json").read_text()) if (metrics / "setting.json").exists() else {}
