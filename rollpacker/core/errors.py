@@ -5,7 +5,7 @@ event the state machine cannot accept (unknown or duplicate request id, a reward
 was never kept).  Both are `ValueError`s and name the field or request they are about.  A backend
 that fails or answers wrongly raises a `BackendError`: its base is here, beside the Protocols the
 backends implement, so a driver catches backend failures without importing a backend; the backends'
-own kinds are in `rollpacker.backends.errors` (which re-exports these two).  `TrainerFailed` is the
+own kinds are in the backends' errors module (which re-exports these two).  `TrainerFailed` is the
 driver's train worker's (a trainer call on its thread raised).
 """
 
