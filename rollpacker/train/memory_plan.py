@@ -16,11 +16,9 @@ micro-batch):
   `cuda_peak_gib` in each step record on CUDA is the measured peak to compare with;
 - CUDA graphs (on CUDA, unless --no-cuda-graphs): the engine captures one decode graph per key of
   `buckets.graph_keys` (rows bucket x tokens per row x columns bucket of 256, verify widths
-  included) and each keeps its float32 logits [rows, tokens, vocab] allocated for its replays: the
-  sum over the keys (0.24 GiB at capacity 128 and 640 columns with SmolLM2's vocabulary, about
-  17 GB at capacity 256 and 8k columns with Qwen2.5's); plus the pool's workspace, the largest
-  forward's transients (freed at the end of its capture, reused by the next):
-  `cuda_graph_bytes`;
+  included), the largest forward first; all write one float32 logits buffer as wide as the widest
+  graph; the pool keeps the largest forward's transients (reused by the later captures) plus a
+  measured `POOL_BYTES_PER_GRAPH` for each graph: `cuda_graph_bytes`;
 - activations saved for backward: T x layers x (6 x hidden + 2 x kv_heads x head_dim + 4 x ffn) x b
   (norm inputs and outputs, q, the attention output and the residual stream make about 6 x hidden;
   k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or memory-efficient
