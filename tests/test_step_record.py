@@ -135,3 +135,21 @@ def test_live_and_simulated_steps_give_the_same_record_for_the_same_timeline():
                                              "step_s": 15.0, "tp_switch_s": 0.0}
     # idle slots: 1 of 4 over 3-5 s, 2 over 5-8 s, 3 over 8-10 s: 2 + 6 + 6 = 14 of 40
     assert live_record["bubble_ratio"] == sim_record["bubble_ratio"] == pytest.approx(14 / 40)
+
+
+def test_a_reward_answered_after_the_optimizer_step_is_no_wait_of_the_step():
+    """The answer that completes the step's last group and a carried sample's answer can come in one
+    poll: the driver feeds both, so the carried one is recorded after the optimizer stepped and the
+    weights synced.  It must not move the step's reward wait past its training (the record used to
+    fail: "end - sync_s before rewards wait's end", seen on a tail step against real servers)."""
+    log = StepLog(start=0.0)
+    log.round_end = 2.0
+    log.reward_answered(2.3)
+    log.train_spans = [(2.3, 2.4, "optimizer step")]
+    log.stepped = True
+    log.sync_s = 0.1
+    log.reward_answered(2.52)  # after the sync: end - sync_s = 2.445
+    times = log.times(2.545)
+    assert times.rewards_done == 2.3
+    assert step_timings(times)["reward_s"] == pytest.approx(0.3)
+    assert step_timings(times)["step_s"] == pytest.approx(2.545)

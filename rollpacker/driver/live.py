@@ -284,7 +284,7 @@ class LiveBackend:
         if interval is not None:  # (its interval may be a past step's: a carried group's reward)
             interval.reward = event.reward
         log.failed_rewards += event.failed
-        log.rewards_done = self.clock.now() - log.start
+        log.reward_answered(self.clock.now() - log.start)
 
     def close_group(self, command: CloseGroup) -> None:
         self._log.groups.append(tuple(s.request_id for s in command.samples))
@@ -339,6 +339,7 @@ class LiveBackend:
         except TimeoutError:
             raise self._timed_out(log) from None
         self._trained(self.worker.poll())
+        log.stepped = True
         t = self.clock.now()
         sync = lambda: sync_weights(self.engine, self.worker, version=command.step + 1)  # noqa: E731
         if self.colocation is not None:  # the weights' memory, the sync into it, then the KV cache

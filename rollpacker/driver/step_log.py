@@ -59,10 +59,19 @@ class StepLog:
     train_spans: list[tuple[float, float, str]] = field(factory=list)
     """(start, end, what) of each micro-batch and the optimizer step, seconds from the step's start, in order."""
     rewards_done: float = 0.0
-    """When the step's last reward answer came, seconds from the step's start."""
+    """When the last reward answer the step waited for came, seconds from the step's start."""
+    stepped: bool = False
+    """The optimizer has stepped: a reward answered since (a carried sample's, fed with the answer that
+    completed the step) is no wait of this step's."""
     sync_s: float = 0.0
     train_stats: list = field(factory=list)
     step_stats: Any = None
+
+    def reward_answered(self, at: float) -> None:
+        """A reward answer came `at` seconds into the step; it ends the reward wait unless the
+        optimizer has already stepped."""
+        if not self.stepped:
+            self.rewards_done = at
 
     def times(self, end: float) -> StepTimes:
         """The step's marks for its record (seconds from its start), the step ending at `end`; a
