@@ -5,6 +5,7 @@ unless its group is trained; a release that forgets keys is caught by the exactl
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import defaultdict
 
 import attrs
@@ -15,8 +16,11 @@ from hypothesis import strategies as st
 from helpers import RandomBackend, check_trained_exactly_once
 from rollpacker.core import (
     AbortRequest,
+    EndRound,
+    RequestAborted,
     LaunchRequest,
     RequestFinished,
+    RewardConfig,
     RewardScored,
     Scheduler,
     SchedulerMisuse,
@@ -25,11 +29,12 @@ from rollpacker.core import (
     make_policy,
 )
 from rollpacker.core.records import request_id, request_number
-from rollpacker.core import planner, states, stream_batcher
+from rollpacker.core import planner, prompt_pool, states, stream_batcher
 from rollpacker.core.prompt_pool import PromptPool
 from rollpacker.core.states import (
     TRANSITIONS,
     GroupState,
+    Move,
     PromptStatus,
     RequestState,
     RewardStatus,
@@ -70,35 +75,50 @@ def backend_for(name, knobs, run, cls=RandomBackend):
 # -- the table -------------------------------------------------------------------------------------
 
 def test_the_table_covers_every_state_and_starts_each_machine_once():
-    members = {m for machine in (RequestState, GroupState, RoundPhase, PromptStatus, RewardStatus) for m in machine}
-    assert set(TRANSITIONS) == members
-    assert all(set(targets) <= members and all(type(t) is type(s) for t in targets) for s, targets in TRANSITIONS.items())
-    assert [type(s) for s in states.INITIAL] == [RequestState, GroupState, RoundPhase, PromptStatus, RewardStatus]
+    machines = (RequestState, GroupState, RoundPhase, PromptStatus, RewardStatus)
+    members = {m for machine in machines for m in machine}
+    assert {s for s, _ in TRANSITIONS} | set(TRANSITIONS.values()) == members
+    assert all(type(new) is type(state) for (state, _), new in TRANSITIONS.items())
+    assert all(isinstance(t, Move) or (isinstance(t, type) and t.__module__.startswith("rollpacker.core."))
+               for _, t in TRANSITIONS)
+    assert [type(s) for s in states.INITIAL] == list(machines)
     # every state is reachable from its machine's initial state
     for start in states.INITIAL:
         seen, frontier = {start}, [start]
         while frontier:
-            for nxt in TRANSITIONS[frontier.pop()]:
-                if nxt not in seen:
+            current = frontier.pop()
+            for (state, _), nxt in TRANSITIONS.items():
+                if state is current and nxt not in seen:
                     seen.add(nxt)
                     frontier.append(nxt)
         assert seen == set(type(start))
 
 
+def test_the_next_state_is_looked_up_by_state_and_trigger():
+    """One trigger, two outcomes by the state it meets: a finish of a running request keeps it, a
+    finish after our abort does not; a reward is scored, or dropped once its step ended."""
+    assert transition(RequestState.RUNNING, RequestFinished, 7) is RequestState.FINISHED
+    assert transition(RequestState.ABORTING, RequestFinished, 7) is RequestState.ABORTED
+    assert transition(RequestState.RUNNING, RequestAborted, 7) is RequestState.DROPPED
+    assert transition(RequestState.ABORTING, RequestAborted, 7) is RequestState.ABORTED
+    assert transition(RewardStatus.AWAITING, RewardScored, "r") is RewardStatus.SCORED
+    assert transition(RewardStatus.DISCARDED, RewardScored, "r") is RewardStatus.DROPPED
+
+
 def test_a_move_not_in_the_table_is_scheduler_misuse_naming_the_subject():
-    assert transition(RequestState.RUNNING, RequestState.ABORTING, 7) is RequestState.ABORTING
-    with pytest.raises(SchedulerMisuse, match="request rp000000000007 from FINISHED to ABORTING"):
-        transition(RequestState.FINISHED, RequestState.ABORTING, 7)
-    with pytest.raises(SchedulerMisuse, match="round of step 3 from OPEN to ENDED"):
-        transition(RoundPhase.OPEN, RoundPhase.ENDED, "of step 3")
+    assert transition(RequestState.RUNNING, AbortRequest, 7) is RequestState.ABORTING
+    with pytest.raises(SchedulerMisuse, match="request rp000000000007 from FINISHED on AbortRequest"):
+        transition(RequestState.FINISHED, AbortRequest, 7)
+    with pytest.raises(SchedulerMisuse, match=r"round of step 3 from OPEN on EndRound \(allowed from OPEN: CLOSE\)"):
+        transition(RoundPhase.OPEN, EndRound, "of step 3")
 
 
 def test_the_pool_refuses_a_move_the_table_lacks():
     pool, keys = PromptPool(num_prompts=4).take(2)
     pool = pool.complete(keys[:1])
-    with pytest.raises(SchedulerMisuse, match=f"prompt {keys[0]} from COMPLETED to FRESH"):
+    with pytest.raises(SchedulerMisuse, match=f"prompt {keys[0]} from COMPLETED on RELEASE"):
         pool.release(keys[:1])
-    with pytest.raises(SchedulerMisuse, match="from FRESH to DEFERRED"):
+    with pytest.raises(SchedulerMisuse, match="from FRESH on DEFER"):
         pool.defer([k for k in (PromptPool(num_prompts=4).take(4)[1]) if k not in keys][:1])
     with pytest.raises(SchedulerMisuse, match="twice"):
         pool.defer(keys[1:] * 2)
@@ -109,17 +129,41 @@ def test_a_second_reward_for_a_sample_is_refused_by_the_table():
     launches = [c for c in sched.begin_round() if isinstance(c, LaunchRequest)]
     sched.handle(RequestFinished(launches[0].request_id, 5, "stop"))
     sched.handle(RewardScored(launches[0].request_id, 1.0))
-    with pytest.raises(SchedulerMisuse, match="reward of rp000000000000 from SCORED to SCORED"):
+    with pytest.raises(SchedulerMisuse, match="reward of rp000000000000 from SCORED on RewardScored"):
         sched.handle(RewardScored(launches[0].request_id, 0.0))
+
+
+def test_a_long_round_opens_when_the_long_queue_holds_exactly_p_prompts():
+    """RollPacker's trigger: P deferred prompts make the next round a long one that plays them;
+    P - 1 do not (a short round draws fresh prompts)."""
+    P = 3
+    policy = make_policy("tail", prompts=P, samples=2, max_tokens=50)
+    for queued, kind in ((P, "long"), (P - 1, "short")):
+        sched = Scheduler(policy, num_prompts=12)
+        pool, keys = sched.state.pool.take(queued)
+        sched.state = attrs.evolve(sched.state, pool=pool.defer(keys))
+        launches = [c for c in sched.begin_round() if isinstance(c, LaunchRequest)]
+        assert sched.state.round.kind == kind
+        played = {c.prompt for c in launches}
+        assert (played == set(keys)) if kind == "long" else not (played & set(keys))
 
 
 # -- properties over random runs -------------------------------------------------------------------
 
 def recording(moves: list):
-    def record(current: enum.Enum, new: enum.Enum, subject: object) -> enum.Enum:
-        moves.append((current, new, subject))
-        return transition(current, new, subject)
+    def record(current: enum.Enum, trigger, subject: object) -> enum.Enum:
+        new = transition(current, trigger, subject)
+        moves.append((current, new, subject, trigger))
+        return new
     return record
+
+
+def recorded(moves: list):
+    """Every module that moves a machine, its `transition` recording into `moves`."""
+    mp = pytest.MonkeyPatch()
+    for module in (planner, stream_batcher, prompt_pool):
+        mp.setattr(module, "transition", recording(moves))
+    return mp
 
 
 @pytest.mark.parametrize("name,knobs", VARIANTS, ids=IDS)
@@ -127,13 +171,15 @@ def recording(moves: list):
 @given(run=runs)
 def test_every_transition_taken_is_in_the_table_and_tells_what_happened(name, knobs, run):
     moves: list = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(planner, "transition", recording(moves))
-        mp.setattr(stream_batcher, "transition", recording(moves))
+    mp = recorded(moves)
+    try:
         policy, backend = backend_for(name, knobs, run)
         for _ in range(run["steps"]):
             backend.run_step()
-    assert all(new in TRANSITIONS[current] for current, new, _ in moves)
+    finally:
+        mp.undo()
+    assert all(TRANSITIONS[(current, trigger)] is new for current, new, _, trigger in moves)
+    moves = [m[:3] for m in moves]
 
     # every launched request took a path from RUNNING to a final state, and that state is its fate
     paths = defaultdict(list)
@@ -145,7 +191,7 @@ def test_every_transition_taken_is_in_the_table_and_tells_what_happened(name, kn
         assert path[0][0] is RequestState.RUNNING
         assert all(a[1] is b[0] for a, b in zip(path, path[1:]))
         final = path[-1][1]
-        assert not TRANSITIONS[final]
+        assert not [edge for edge in TRANSITIONS if edge[0] is final]  # a final state
         rid = request_id(number)
         if rid in backend.aborts_sent:
             assert final is RequestState.ABORTED
@@ -158,6 +204,30 @@ def test_every_transition_taken_is_in_the_table_and_tells_what_happened(name, kn
     assert sorted(completed) == sorted(k for e in backend.round_ends for k in e.trained)
     rewards = [(n, s) for c, n, s in moves if type(c) is RewardStatus and n in (RewardStatus.SCORED, RewardStatus.DROPPED)]
     assert sorted(s for _, s in rewards) == sorted(backend.rewarded)
+
+
+def test_every_edge_of_the_table_is_taken_by_some_run_of_the_harness():
+    """The table holds no edge the code never takes: a fixed sweep of random runs takes them all
+    (every policy; engine drops; prompts predicted long; live groups deferred; one scorer, so the
+    samples of open groups still wait when the step ends and their late rewards are dropped; a
+    crash mid-step restored from its checkpoint, its prompts recovered)."""
+    moves: list = []
+    mp = recorded(moves)
+    try:
+        for (name, knobs), seed in itertools.product(VARIANTS + [("tail", {"predict": True})], range(3)):
+            max_tokens = (300, 30, 10)[seed]  # (short answers: the scorer is the bottleneck)
+            policy = make_policy(name, prompts=8, samples=2, max_tokens=max_tokens, **knobs)
+            sched = Scheduler(policy, num_prompts=32, seed=seed, rewards=RewardConfig(workers=1 + seed % 2))
+            backend = RandomBackend(sched, seed=seed, max_tokens=max_tokens, engine_fail_rate=0.05)
+            for _ in range(4):
+                backend.run_step()
+            backend.run_step(stop_after_events=5)  # a crash mid-step
+            Scheduler(policy, num_prompts=32, checkpoint=sched.to_dict())
+    finally:
+        mp.undo()
+    taken = {(current, trigger) for current, _, _, trigger in moves}
+    missing = set(TRANSITIONS) - taken
+    assert not missing, f"edges no run takes: {sorted(f'{s.name} on {states._name(t)}' for s, t in missing)}"
 
 
 class ScoringBackend(RandomBackend):
@@ -246,7 +316,7 @@ def test_exactly_once_check_catches_a_release_that_forgets_keys(monkeypatch):
     check_trained_exactly_once(sched.state.pool, trained)
 
     def forgetting(self, keys):  # leaves the in-flight set without going back to `returned`
-        return attrs.evolve(self, in_flight=self._leave(tuple(keys), "release"))
+        return attrs.evolve(self, in_flight=self._leave(tuple(keys), Move.RELEASE))
 
     monkeypatch.setattr(PromptPool, "release", forgetting)
     sched, trained = run_tail_predict(seed=2)

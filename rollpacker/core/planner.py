@@ -52,7 +52,7 @@ from .events import Event, RequestAborted, RequestFinished, TokensGenerated
 from .prompt_pool import PromptPool
 from .records import Sample, Segment, replace, request_id, request_number, sampling_seed
 from .round_state import Cons, Group, PlannerState, RequestRecord, RoundState, Tally, cons_iter
-from .states import GroupState, RequestState, RoundPhase, transition
+from .states import GroupState, Move, RequestState, RoundPhase, transition
 
 
 class Policy(Protocol):
@@ -183,7 +183,7 @@ class Draft:
         self.commands.extend(ScoreSample(s) for s in group.unscored)
         self.commands.append(CloseGroup(group.prompt, group.kept))
         self.abort_requests(group.running)
-        state = transition(group.state, GroupState.COMPLETE, group.prompt)
+        state = transition(group.state, CloseGroup, group.prompt)
         group = replace(group, state=state, pending=(), unscored=())
         if slot in self.queue:
             self.queue = tuple(s for s in self.queue if s != slot)
@@ -203,12 +203,12 @@ class Draft:
         for slot in self.policy.to_defer(live, need, self.state.pool.history, clock):
             group = self.groups[slot]
             self.abort_requests(group.running)
-            state = transition(group.state, GroupState.DEFERRED, group.prompt)
+            state = transition(group.state, Move.DEFER, group.prompt)
             self.groups = self.groups.set(slot, replace(group, state=state, pending=()))
             self.queue = tuple(s for s in self.queue if s != slot)
 
     def close(self) -> None:
-        self.phase = transition(self.phase, RoundPhase.CLOSING, f"of step {self.round.step}")
+        self.phase = transition(self.phase, Move.CLOSE, f"of step {self.round.step}")
         self.queue = ()
         self.abort_requests(sorted(self.requests.keys()))
 
@@ -216,26 +216,26 @@ class Draft:
         for number in numbers:
             record = self.requests[number]
             if record.state is RequestState.RUNNING:
-                state = transition(record.state, RequestState.ABORTING, number)
+                state = transition(record.state, AbortRequest, number)
                 self.requests = self.requests.set(number, replace(record, state=state))
                 self.commands.append(AbortRequest(request_id(number)))
 
     def request_ended(self, number: int, record: RequestRecord, num_tokens: int, finished: bool,
-                      outcome: RequestState) -> tuple[Group, frozenset[int]]:
-        """Bookkeeping shared by finish and abort: the request's last move, drop the record, log the
-        length; the group and its running set without this request (the caller writes the group
-        back once)."""
-        transition(record.state, outcome, number)
+                      event: type[Event]) -> tuple[RequestState, Group, frozenset[int]]:
+        """Bookkeeping shared by finish and abort: the request's last move (its final state, looked
+        up in the table), drop the record, log the length; the final state, the group and its
+        running set without this request (the caller writes the group back once)."""
+        outcome = transition(record.state, event, number)
         self.requests = self.requests.delete(number)
         total = segments_tokens(record.resume) + num_tokens if record.resume else num_tokens
         self.observations = ((record.prompt.index, total, finished, num_tokens), self.observations)
         group = self.groups[record.slot]
-        return group, group.running - {number}
+        return outcome, group, group.running - {number}
 
     def finished(self, number: int, record: RequestRecord, event: RequestFinished) -> None:
-        running_before = record.state is RequestState.RUNNING
-        outcome = RequestState.FINISHED if running_before else RequestState.ABORTED
-        group, running = self.request_ended(number, record, event.num_tokens, event.finish_reason == "stop", outcome)
+        outcome, group, running = self.request_ended(number, record, event.num_tokens, event.finish_reason == "stop",
+                                                     RequestFinished)
+        running_before = outcome is RequestState.FINISHED  # (else ABORTED: it finished after our abort)
         segment = Segment(event.request_id, event.num_tokens, record.policy_version)
         sample = Sample(event.request_id, record.prompt, record.sample_index, record.resume + (segment,), event.finish_reason)
         if group.is_complete or (not running_before and not self.policy.carries):
@@ -246,9 +246,8 @@ class Draft:
         self.groups = self.groups.set(record.slot, group)
 
     def aborted(self, number: int, record: RequestRecord, event: RequestAborted) -> None:
-        ours = record.state is RequestState.ABORTING
-        outcome = RequestState.ABORTED if ours else RequestState.DROPPED
-        group, running = self.request_ended(number, record, event.num_tokens, False, outcome)
+        outcome, group, running = self.request_ended(number, record, event.num_tokens, False, RequestAborted)
+        ours = outcome is RequestState.ABORTED  # (else DROPPED: the engine dropped it, not we)
         prefix = record.resume + ((Segment(event.request_id, event.num_tokens, record.policy_version),) if event.num_tokens else ())
         if not ours:  # the engine dropped it: relaunch the same sample from its old prefix
             self.wasted += event.num_tokens
@@ -344,7 +343,7 @@ class RoundPlanner:
 
     def _end_round(self, state: PlannerState, commands: list[Command]) -> tuple[PlannerState, list[Command]]:
         rnd = state.round
-        transition(rnd.phase, RoundPhase.ENDED, f"of step {rnd.step}")
+        transition(rnd.phase, EndRound, f"of step {rnd.step}")
         groups = [rnd.groups[slot] for slot in range(rnd.num_groups)]
         trained = [g for g in groups if g.is_complete]
         incomplete = [g for g in groups if not g.is_complete]

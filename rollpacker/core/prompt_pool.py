@@ -38,7 +38,7 @@ from attrs import field, frozen
 from .errors import ConfigError, SchedulerMisuse
 from .length_history import LengthHistory, LengthPrediction
 from .records import PromptKey
-from .states import PromptStatus, transition
+from .states import Move, PromptStatus, transition
 from .validators import positive
 
 FRESH, IN_FLIGHT, DEFERRED, COMPLETED = PromptStatus
@@ -112,6 +112,8 @@ class PromptPool:
             stop = min(self.num_prompts, cursor + n - len(keys))
             keys.extend(PromptKey(epoch, int(i)) for i in order[cursor:stop])
             cursor = stop
+        if keys:
+            transition(FRESH, Move.TAKE, keys)
         new = attrs.evolve(
             self, epoch=epoch, cursor=cursor, returned=returned, in_flight=self.in_flight.union(keys)
         )
@@ -119,23 +121,25 @@ class PromptPool:
 
     def take_deferred(self, n: int) -> tuple[PromptPool, tuple[PromptKey, ...]]:
         keys = self.deferred[:n]
+        if keys:
+            transition(DEFERRED, Move.TAKE, keys)
         return attrs.evolve(self, deferred=self.deferred[n:], in_flight=self.in_flight.union(keys)), keys
 
     def defer(self, keys: Iterable[PromptKey]) -> PromptPool:
         keys = tuple(keys)
-        return attrs.evolve(self, deferred=self.deferred + keys, in_flight=self._leave(keys, DEFERRED))
+        return attrs.evolve(self, deferred=self.deferred + keys, in_flight=self._leave(keys, Move.DEFER))
 
     def release(self, keys: Iterable[PromptKey]) -> PromptPool:
         keys = tuple(keys)
-        return attrs.evolve(self, returned=keys + self.returned, in_flight=self._leave(keys, FRESH))
+        return attrs.evolve(self, returned=keys + self.returned, in_flight=self._leave(keys, Move.RELEASE))
 
     def complete(self, keys: Iterable[PromptKey]) -> PromptPool:
-        return attrs.evolve(self, in_flight=self._leave(tuple(keys), COMPLETED))
+        return attrs.evolve(self, in_flight=self._leave(tuple(keys), Move.COMPLETE))
 
     def recover(self) -> PromptPool:
         """After a restart: the engine lost every in-flight request, so draw those prompts again."""
         lost = tuple(sorted(self.in_flight))
-        return attrs.evolve(self, returned=lost + self.returned, in_flight=frozenset())
+        return attrs.evolve(self, returned=lost + self.returned, in_flight=self._leave(lost, Move.RELEASE))
 
     def record_lengths(
         self, indices: Sequence[int], lengths: Sequence[int], finished: Sequence[bool]
@@ -144,14 +148,18 @@ class PromptPool:
             return self
         return attrs.evolve(self, history=self.history.record(indices, lengths, finished))
 
-    def _leave(self, keys: tuple[PromptKey, ...], to: PromptStatus) -> frozenset[PromptKey]:
-        """The in-flight set without `keys`, each moving to `to`; a key not in flight is refused by
+    def _leave(self, keys: tuple[PromptKey, ...], move: Move) -> frozenset[PromptKey]:
+        """The in-flight set without `keys`, each making `move`; a key not in flight is refused by
         the transition table (states.py), a key named twice here too."""
         missing = [k for k in keys if k not in self.in_flight]
-        if missing:
-            transition(self.status(missing[0]), to, missing[0])  # raises: the move starts elsewhere
+        if missing:  # the table has no edge out of FRESH, DEFERRED or COMPLETED but TAKE
+            transition(self.status(missing[0]), move, missing[0])
+            raise SchedulerMisuse(f"prompt {missing[0]} is {self.status(missing[0]).name}, not in flight: "
+                                  f"it can't {move.name}")
         if len(set(keys)) != len(keys):
-            raise SchedulerMisuse(f"prompt keys {keys} name a key twice: each moves to {to.name} once")
+            raise SchedulerMisuse(f"prompt keys {keys} name a key twice: each moves ({move.name}) once")
+        if keys:
+            transition(IN_FLIGHT, move, keys)
         return self.in_flight.difference(keys)
 
     # -- checkpoints -----------------------------------------------------------------------------

@@ -106,7 +106,7 @@ class StreamBatcher:
         status = state.status.get(number)
         if status is None:
             raise SchedulerMisuse(f"can't handle RewardScored: request={event.request_id} was never kept for training")
-        if transition(status, DROPPED if status is DISCARDED else SCORED, event.request_id) is DROPPED:
+        if transition(status, RewardScored, event.request_id) is DROPPED:
             return replace(state, status=state.status.delete(number)), []
         status_map, rewards = state.status.set(number, SCORED), state.rewards.set(number, float(event.reward))
         parked = state.waiting.get(number)
@@ -182,5 +182,5 @@ class StreamBatcher:
                 if current is SCORED:
                     rewards = rewards.set(number, state.rewards[number])
             elif current is AWAITING:
-                status = status.set(number, transition(current, DISCARDED, request_id_of(number)))
+                status = status.set(number, transition(current, StepOptimizer, request_id_of(number)))
         return BatcherState(step=ended.step + 1, status=status, rewards=rewards), commands
