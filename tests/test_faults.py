@@ -54,6 +54,7 @@ def trained_keys(run_dir: Path) -> list:
         (["--lr", "-1"], "--lr"),
         (["--lr", "nan"], "--lr"),
         (["--top-p", "2"], "--top-p"),
+        (["--kl-coef", "-1"], "--kl-coef"),
         (["--max-tokens", "100000"], "--max-tokens 100000"),
         (["--reward-deadline-s", "0"], "--reward-deadline-s"),
         (["--rollout", "sglang", "--sglang-urls", "notaurl"], "--sglang-urls"),

@@ -21,8 +21,12 @@ from rollpacker.core.errors import ConfigError
 from rollpacker.core.policies.knobs import source_docstrings
 from rollpacker.train import config as run_config
 from rollpacker.train.config import RunConfig, parse
-from rollpacker.train.registry import ROLLOUTS, TRAINERS
+from rollpacker.backends.trainer.pytorch import TorchTrainerConfig
+from rollpacker.train.algorithm import BatchingOptions, LossOptions, SamplingOptions
+from rollpacker.train.registry import ROLLOUTS, TRAINERS, BuildContext
 from rollpacker.train.rewards import RewardsConfig
+from rollpacker.train.session import loop_config
+from rollpacker.train.trainers import common_options
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "reference" / "train.py"
@@ -261,11 +265,44 @@ def normalized(text: str) -> str:
     return " ".join(text.replace("│", " ").split())
 
 
+PRODUCTS = {
+    SamplingOptions: lambda run: attrs.asdict(loop_config(run)),
+    BatchingOptions: lambda run: attrs.asdict(run.batcher_config()),
+    LossOptions: lambda run: attrs.asdict(TorchTrainerConfig(**common_options(
+        BuildContext(run=run, model_dir=Path("m"), device="cpu")))),
+}
+"""Each algorithm component -> what its consumer is built with, from the run's flags (the live loop's
+settings, the core's batcher config, the trainer's config)."""
+ALGORITHM_FLAGS = [(component, f) for component in PRODUCTS for f in attrs.fields(component)]
+
+
+def other_flag_value(component, option) -> list[str]:
+    """The flag setting `option` (an attrs field of `component`) to a valid value that is not its default."""
+    flag = "--" + option.name.replace("_", "-")
+    choices = typing.get_args(typing.get_type_hints(component)[option.name])
+    if choices and all(isinstance(c, str) for c in choices):
+        return [flag, next(c for c in choices if c != option.default)]
+    if option.default is False:
+        return [flag]
+    return [flag, "0.5" if option.default in (None, 1.0) else str(option.default + 1)]
+
+
+@pytest.mark.parametrize("component,option", ALGORITHM_FLAGS, ids=[f.name for _, f in ALGORITHM_FLAGS])
+def test_every_algorithm_flag_reaches_what_its_component_builds(component, option):
+    """--temperature, --advantage, --kl-coef, ...: a flag set to another value changes the loop's,
+    the batcher's or the trainer's config (a flag dropped on the way fails here)."""
+    argv = other_flag_value(component, option)
+    changed, default = parse(argv), parse([])
+    assert getattr(changed.options(component), option.name) != option.default
+    assert PRODUCTS[component](changed) != PRODUCTS[component](default), f"{argv} does not reach {component.__name__}'s consumer"
+
+
 def test_each_built_in_option_is_declared_once_in_its_component(capsys):
     """The built-in engines', trainers' and rewards' options are top-level flags (--engine-capacity),
     declared by their component class only: RunConfig's field has the class's default and help, and
     the run's own flags (the class written in config.py) do not name it again."""
-    assert set(run_config.FLAT) == {*ROLLOUTS.values(), *TRAINERS.values(), RewardsConfig}
+    assert set(run_config.FLAT) == {*ROLLOUTS.values(), *TRAINERS.values(), RewardsConfig, SamplingOptions,
+                                    BatchingOptions, LossOptions}
     run_fields = {f.name: f for f in dataclasses.fields(RunConfig)}
     hand_written = RunConfig.__mro__[1].__annotations__
     with pytest.raises(SystemExit):

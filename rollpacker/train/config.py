@@ -32,6 +32,7 @@ from rollpacker.core.policies import POLICIES, KnobSection, make_policy, policy_
 from rollpacker.core.policies.knobs import knob_section, source_docstrings
 from rollpacker.core.reward_scheduler import RewardConfig
 from rollpacker.plugins import load_plugins
+from rollpacker.train.algorithm import BatchingOptions, LossOptions, SamplingOptions
 from rollpacker.train.registry import ROLLOUTS, TRAINERS, options_of, values_of
 from rollpacker.train.rewards import RewardsConfig
 from rollpacker.train.rollouts import EmbeddedRollout, SGLangRollout
@@ -122,11 +123,7 @@ class RunConfig:
     /release_memory_occupation: start its servers with --enable-memory-saver), then resumed with the
     weight sync.  The memory plan's peak is then the trainer state plus the larger of the engine's items
     and the training's.  Default: micro-batches train while the round still generates."""
-    # (--rollout embedded's options, EmbeddedRollout's fields)
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold."""
+    # (--rollout embedded's options, EmbeddedRollout's fields; --temperature, --top-p: SamplingOptions')
     # -- rewards (--reward, --reward-workers, --reward-deadline-s: RewardsConfig's fields) ----------
     allow_failed_rewards: bool = False
     """Go on when every reward of a step failed (the scorer raised, returned no number, hung or its
@@ -135,14 +132,8 @@ class RunConfig:
     lr: float = 1e-5
     """AdamW learning rate (0: the weights stay fixed, a rollout-only measurement such as
     benchmarks/bias_real.py)."""
-    advantage: Literal["grpo", "grpo-mean", "rloo"] = "grpo"
-    """Group advantage estimator."""
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
-    """How per-token losses are averaged over the step."""
-    dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards all agree."""
-    micro_batch_tokens: int = 256
-    """Most response tokens per training micro-batch."""
+    # (--advantage, --loss-aggregation, --dynamic-sampling, --micro-batch-tokens: BatchingOptions' fields;
+    #  --clip-eps, --clip-eps-high, --kl-coef, --max-grad-norm: LossOptions')
     trainer: TrainerName = "titan"
     """Trainer backend: titan (TorchTitan: FSDP2 and tensor parallelism; needs torch >= 2.13) or
     torch (plain PyTorch on the HF model, FSDP2 under --nproc; runs with torch >= 2.11)."""
@@ -181,10 +172,14 @@ class RunConfig:
         flag, with --reward resolved for the data source."""
         return RewardsConfig(**values_of(RewardsConfig, self) | {"reward": self.reward_name()})
 
+    def options(self, component: type):
+        """The config of flat component `component` (one of FLAT), its values from the run's flags; a
+        bad value is the validator's ConfigError naming the flag."""
+        return component(**values_of(component, self))
+
     def batcher_config(self) -> BatcherConfig:
         """The core's stream batcher: micro-batches of --micro-batch-tokens, the advantage and loss flags."""
-        return BatcherConfig(token_budget=self.micro_batch_tokens, advantage=self.advantage,
-                             loss_aggregation=self.loss_aggregation, dynamic_sampling=self.dynamic_sampling)
+        return self.options(BatchingOptions).batcher_config()
 
     def build_policy(self, name: str | None = None):
         return make_policy(name or self.policy, prompts=self.prompts, samples=self.samples,
@@ -192,7 +187,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """Check what can be checked before any model is loaded (names the flag)."""
-        for flag in ("steps", "prompts", "samples", "max_tokens", "dataset_size", "micro_batch_tokens", "nproc"):
+        for flag in ("steps", "prompts", "samples", "max_tokens", "dataset_size", "nproc"):
             if getattr(self, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(self, flag)}")
         if self.eval_every < 0 or self.eval_prompts < 1:
@@ -210,6 +205,8 @@ class RunConfig:
                               "trainer and a server) on one GPU; use --weight-sync disk:DIR")
         self.rollout_options()  # each component's options, checked by flag
         self.rewards_options()
+        for component in (SamplingOptions, BatchingOptions, LossOptions):
+            self.options(component)
         self._check_sampling_and_times()
         self.device = resolve_device(self.device)
         self._check_parallel()
@@ -255,12 +252,9 @@ class RunConfig:
 
     def _check_sampling_and_times(self) -> None:
         """Float flags: finite and in range (a NaN fails every comparison, so test the good range)."""
-        ranges = {"temperature": (0.0, None, ">= 0"), "top_p": (0.0, 1.0, "in (0, 1]"), "lr": (0.0, None, ">= 0"),
-                  "step_timeout_s": (0.0, None, "> 0")}
-        for flag, (low, high, wanted) in ranges.items():
+        for flag, wanted, good in (("lr", ">= 0", lambda v: v >= 0), ("step_timeout_s", "> 0", lambda v: v > 0)):
             value = getattr(self, flag)
-            above = value >= low if flag in ("temperature", "lr") else value > low
-            if not (math.isfinite(value) and above and (high is None or value <= high)):
+            if not (math.isfinite(value) and good(value)):
                 raise ConfigError(f"--{flag.replace('_', '-')} must be {wanted}, got {value}")
 
     def check_dist_timeout(self) -> None:
@@ -305,11 +299,11 @@ class RunConfig:
 
 
 FLAT = tuple(cls for registry in (ROLLOUTS, TRAINERS) for cls in registry.values() if getattr(cls, "flat", False))
-FLAT += (RewardsConfig,)
+FLAT += (SamplingOptions, RewardsConfig, BatchingOptions, LossOptions)
 """The built-in components whose options are top-level flags: each field of theirs (name, type, default,
 validator, help) is declared there only, and is a field of RunConfig."""
-FLAT_AFTER = {SGLangRollout: "rollout", EmbeddedRollout: "colocate", RewardsConfig: "top_p",
-              TitanTrainerOptions: "nproc"}
+FLAT_AFTER = {SGLangRollout: "rollout", EmbeddedRollout: "colocate", SamplingOptions: "colocate",
+              RewardsConfig: "colocate", BatchingOptions: "lr", LossOptions: "lr", TitanTrainerOptions: "nproc"}
 """Where --help lists a flat component's flags: after this flag of the run (elsewhere: at the end)."""
 
 

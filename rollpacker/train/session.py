@@ -18,6 +18,7 @@ from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import RewardJob
 from rollpacker.driver import LoopConfig, StepLoop, sync_weights
 from rollpacker.plugins import SAVED_KEY, plugin_modules
+from rollpacker.train.algorithm import SamplingOptions
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
@@ -83,6 +84,13 @@ def init_distributed_env() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def loop_config(config: RunConfig) -> LoopConfig:
+    """The live loop's settings from the run's flags: sampling (--temperature, --top-p), the step
+    timeout, colocation."""
+    return LoopConfig(**config.options(SamplingOptions).loop_options(), step_timeout_s=config.step_timeout_s,
+                      colocate=config.colocate)
+
+
 class Session:
     """One policy's run: model, dataset, engine, rewards, trainer, scheduler and the step loop."""
 
@@ -143,8 +151,7 @@ class Session:
 
             self.evaluator = HeldOutEval(config, self.model_dir, self.device, self.prompts)
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
-                             LoopConfig(temperature=config.temperature, top_p=config.top_p,
-                                        step_timeout_s=config.step_timeout_s, colocate=config.colocate),
+                             loop_config(config),
                              on_progress=on_progress)
 
     @property

@@ -11,10 +11,14 @@ from rollpacker.core.errors import ConfigError
 
 
 def common_options(context) -> dict:
-    """The fields of rollpacker.backends.trainer.config.TrainerConfig that every trainer takes from the run."""
-    plan = context.memory_plan
-    return dict(model_dir=str(context.model_dir), lr=context.run.lr, dtype=context.run.dtype, seed=context.run.seed,
-                device=context.device, max_forward_tokens=plan.forward_tokens if plan is not None else None)
+    """The fields of rollpacker.backends.trainer.config.TrainerConfig that every trainer takes from the run
+    (its loss: --clip-eps, --kl-coef, --max-grad-norm, LossOptions)."""
+    from rollpacker.train.algorithm import LossOptions
+
+    plan, run = context.memory_plan, context.run
+    return dict(model_dir=str(context.model_dir), lr=run.lr, dtype=run.dtype, seed=run.seed, device=context.device,
+                max_forward_tokens=plan.forward_tokens if plan is not None else None,
+                **run.options(LossOptions).trainer_fields())
 
 
 @frozen(kw_only=True)
