@@ -62,13 +62,14 @@ def main(spec: dict) -> dict:
     from rollpacker.backends.models import load_model, read_config_json
     from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
     from rollpacker.core.protocols import GenerationRequest, MicroBatch, TrainSample
-    from rollpacker.train.memory_plan import ModelShape, plan_memory
+    from rollpacker.train.memory_plan import LOGITS_CHUNK_TOKENS, ModelShape, plan_memory
 
     device, cuda = spec["device"], spec["device"] == "cuda"
     prompt, max_tokens, mbt = spec["prompt"], spec["max_tokens"], spec["micro_batch_tokens"]
     plan = plan_memory(ModelShape.from_config(read_config_json(spec["model"])), dtype=spec["dtype"],
                        engine_capacity=spec["capacity"], prompt_tokens=prompt, max_tokens=max_tokens,
-                       micro_batch_tokens=mbt, trainer="torch", budget=2**50, device=device, cuda_graphs=cuda)
+                       micro_batch_tokens=mbt, logits_chunk_tokens=LOGITS_CHUNK_TOKENS, budget=2**50, device=device,
+                       cuda_graphs=cuda)
     host = None if cuda else HostPeak()
 
     model, _ = load_model(spec["model"], dtype=spec["dtype"], device=device)

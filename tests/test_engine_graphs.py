@@ -169,13 +169,13 @@ def test_the_memory_plan_covers_what_the_graphs_keep():
     are the plan's outputs exactly, and what the allocator still holds for the graphs after
     `empty_cache` (their pool) is within the plan's cuda_graphs item."""
     from rollpacker.backends.models import read_config_json
-    from rollpacker.train.memory_plan import ModelShape, cuda_graph_bytes, plan_memory
+    from rollpacker.train.memory_plan import LOGITS_CHUNK_TOKENS, ModelShape, cuda_graph_bytes, plan_memory
 
     model_dir = tiny_random_llama(num_layers=4, hidden_size=256)
     shape = ModelShape.from_config(read_config_json(model_dir))
     plan = plan_memory(shape, dtype="bfloat16", engine_capacity=128, prompt_tokens=128, max_tokens=512,
-                       micro_batch_tokens=1024, trainer="torch", budget=2**50, device="cuda", spec_max_rows=4,
-                       spec_tokens=4, cuda_graphs=True)
+                       micro_batch_tokens=1024, logits_chunk_tokens=LOGITS_CHUNK_TOKENS, budget=2**50, device="cuda",
+                       spec_max_rows=4, spec_tokens=4, cuda_graphs=True)
     model = load_model(model_dir, dtype="bfloat16", device="cuda")[0]
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

@@ -16,7 +16,7 @@ GIB = 2**30
 
 def smollm2_plan(**overrides):
     sizes = dict(dtype="float32", engine_capacity=256, prompt_tokens=256, max_tokens=768, micro_batch_tokens=4096,
-                 trainer="torch", budget=80 * GIB, device="cuda")
+                 logits_chunk_tokens=LOGITS_CHUNK_TOKENS, budget=80 * GIB, device="cuda")
     return plan_memory(ModelShape.from_config(SMOLLM2_135M), **{**sizes, **overrides})
 
 
@@ -46,7 +46,7 @@ def test_bfloat16_halves_the_model_sized_items_and_titan_counts_every_logit():
     assert bf16.items["engine_weights"] * 2 == fp32.items["engine_weights"]
     # float32 master weights, gradients and AdamW moments either way, plus autocast's bf16 weight copies
     assert bf16.items["trainer_state"] == 134_515_008 * (4 + 4 + 8 + 2) and bf16.forward_tokens == 6 * 1024
-    assert smollm2_plan(trainer="titan").items["logits"] == 6 * 1024 * 49152 * 4 * LOGITS_COPIES
+    assert smollm2_plan(logits_chunk_tokens=None).items["logits"] == 6 * 1024 * 49152 * 4 * LOGITS_COPIES
 
 
 def test_rollout_on_servers_counts_only_the_trainer():
@@ -205,8 +205,8 @@ def test_the_plan_is_what_the_engine_allocates_speculation_included(spec_max_row
     rows = speculation_rows(spec_max_rows, on_cuda=True)  # on CUDA: 4 by default
     shape = ModelShape.from_config(read_config_json(model_dir))
     on_cuda = plan_memory(shape, dtype="float32", engine_capacity=3, prompt_tokens=3, max_tokens=20,
-                          micro_batch_tokens=256, trainer="torch", budget=2**40, device="cuda", spec_max_rows=rows,
-                          spec_tokens=3, cuda_graphs=True)
+                          micro_batch_tokens=256, logits_chunk_tokens=LOGITS_CHUNK_TOKENS, budget=2**40, device="cuda",
+                          spec_max_rows=rows, spec_tokens=3, cuda_graphs=True)
     runner = Runner(model, 0, capacity=3, col_multiple=COL_MULTIPLE["cuda"], verify_rows=rows, verify_tokens=3)
     keys = runner.graph_keys(length=on_cuda.kv_tokens_per_row)
     assert on_cuda.kv_tokens_per_row == 26 and any(t == 4 for _, t, _ in keys)
@@ -268,3 +268,23 @@ def test_host_items_runtime_and_the_state_save_in_turn_with_the_training():
     assert colocated.total == resident + max(engine + items["state_save"], training)
     assert "state save" in plan.line() and "in turn" in plan.line() and plan.biggest == "kv_cache"
     assert "runtime" not in smollm2_plan().items and "state_save" not in smollm2_plan().items
+
+
+def test_each_component_answers_the_plan_for_itself():
+    """The run's rollout and trainer say what they hold (no switch on their names): SGLang servers
+    keep their own memory, so the plan counts no engine item; the torch trainer computes log-probs
+    chunk by chunk, TorchTitan's a whole forward at once."""
+    from test_colocate import Prompts
+
+    from rollpacker.backends.models import tiny_random_llama
+    from rollpacker.train.session import plan_run_memory
+
+    model_dir = tiny_random_llama()
+    sizes = dict(max_tokens=400, micro_batch_tokens=2048, device="cpu")
+    embedded = plan_run_memory(RunConfig(trainer="torch", **sizes), model_dir, Prompts(), "cpu")
+    served = plan_run_memory(RunConfig(trainer="torch", rollout="sglang", sglang_urls=("http://127.0.0.1:1",),
+                                       **sizes), model_dir, Prompts(), "cpu")
+    titan = plan_run_memory(RunConfig(trainer="titan", **sizes), model_dir, Prompts(), "cpu")
+    assert {"engine_weights", "kv_cache"} <= set(embedded.items) and not {"engine_weights", "kv_cache"} & set(served.items)
+    assert titan.forward_tokens == embedded.forward_tokens > LOGITS_CHUNK_TOKENS
+    assert titan.items["logits"] * LOGITS_CHUNK_TOKENS == embedded.items["logits"] * titan.forward_tokens

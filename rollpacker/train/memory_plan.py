@@ -168,11 +168,12 @@ class MemoryPlan:
 
 
 def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
-                micro_batch_tokens: int, trainer: str, budget: int, device: str,
+                micro_batch_tokens: int, budget: int, device: str, logits_chunk_tokens: int | None = None,
                 with_engine: bool = True, spec_max_rows: int = 0, spec_tokens: int = 0, cuda_graphs: bool = False,
                 host_runtime: int = 0, colocate: bool = False) -> MemoryPlan:
     """The plan's items in bytes (the module docstring gives each formula); `with_engine` False leaves
-    out the engine's items (rollout on SGLang servers); spec_max_rows: the engine's speculation
+    out the engine's items (rollout on SGLang servers); `logits_chunk_tokens`: the trainer computes
+    log-probs this many positions at a time (None: a whole forward's at once); spec_max_rows: the engine's speculation
     threshold as it resolves it (0: off), spec_tokens its drafts per row; cuda_graphs: the engine
     captures decode graphs (on CUDA); `colocate`: --colocate's peak."""
     b = DTYPE_BYTES[dtype]
@@ -180,7 +181,7 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
     sequence = prompt_tokens + max_tokens
     batch_tokens = math.ceil(micro_batch_tokens / max_tokens) * sequence
     per_token_layer = 6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.ffn
-    logit_tokens = min(batch_tokens, LOGITS_CHUNK_TOKENS) if trainer == "torch" else batch_tokens
+    logit_tokens = min(batch_tokens, logits_chunk_tokens or batch_tokens)
     kv_row = sequence + (spec_tokens if spec_max_rows > 0 else 0)
     items = {
         "engine_weights": params * b,

@@ -17,6 +17,7 @@ class EmbeddedRollout:
 
     flat = True  # the options are the top-level flags --engine-capacity, --spec-max-rows, ...
     starts_with_the_model = True  # built from the trainer's initial weights: nothing to sync first
+    engine_in_process = True  # (the memory plan) its weights, KV cache and graphs share the trainer's device
     engine_capacity: int = field(default=32, validator=at_least(1))
     """Embedded engine: most sequences decoded at once."""
     spec_max_rows: int | None = None
@@ -66,6 +67,7 @@ class SGLangRollout:
 
     flat = True  # the options are the top-level flags --sglang-urls, --weight-sync, ...
     starts_with_the_model = False  # the servers hold whatever they were given last (another run's weights)
+    engine_in_process = False  # (the memory plan) the servers hold their own memory
     sglang_urls: tuple[str, ...] = field(default=(), validator=_urls)
     """URLs of running SGLang (or `rollpacker serve`) servers, for --rollout sglang."""
     weight_sync: str | None = field(default=None, validator=_weight_sync)

@@ -290,12 +290,14 @@ def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: s
 
     longest_prompt = max(len(prompts.prompt_ids(i)) for i in range(len(prompts)))
     on_cuda = device.startswith("cuda")
+    rollout, trainer = type(config.rollout_options()), type(config.trainer_options())
     runtime = 0 if on_cuda else resident_bytes()
     return plan_memory(ModelShape.from_config(read_config_json(model_dir)), dtype=config.dtype,
                        engine_capacity=config.engine_capacity, prompt_tokens=longest_prompt,
                        max_tokens=config.max_tokens, micro_batch_tokens=config.micro_batch_tokens,
-                       trainer=config.trainer, budget=device_budget(device), device=device,
-                       with_engine=config.rollout == "embedded", spec_tokens=config.spec_tokens,
+                       logits_chunk_tokens=getattr(trainer, "logits_chunk_tokens", None),
+                       budget=device_budget(device), device=device,
+                       with_engine=getattr(rollout, "engine_in_process", False), spec_tokens=config.spec_tokens,
                        spec_max_rows=speculation_rows(config.spec_max_rows, on_cuda),
                        cuda_graphs=config.cuda_graphs and on_cuda, host_runtime=runtime, colocate=config.colocate)
 

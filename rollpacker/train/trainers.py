@@ -8,6 +8,7 @@ from __future__ import annotations
 from attrs import frozen
 
 from rollpacker.core.errors import ConfigError
+from rollpacker.train.memory_plan import LOGITS_CHUNK_TOKENS
 
 
 def common_options(context) -> dict:
@@ -26,6 +27,7 @@ class TitanTrainerOptions:
     """--trainer titan: TorchTitan's model and parallelism (needs torch >= 2.13)."""
 
     flat = True  # the options are the top-level flags --dp-shard and --tp
+    logits_chunk_tokens = None  # (the memory plan) log-probs of a whole forward at once
     dp_shard: int = -1
     """FSDP2 shard degree (-1: what the world size leaves after tp)."""
     tp: int = 1
@@ -49,6 +51,7 @@ class TorchTrainerOptions:
     """--trainer torch: plain PyTorch on the HF model, FSDP2 over every rank under --nproc."""
 
     flat = True  # no options of its own
+    logits_chunk_tokens = LOGITS_CHUNK_TOKENS  # (the memory plan) log-probs chunk by chunk
 
     def check(self, run) -> None:
         if run.tp != 1 or run.dp_shard not in (-1, run.nproc):
