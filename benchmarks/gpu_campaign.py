@@ -54,6 +54,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpu_campaign_report import (  # noqa: E402
+    engine_body, env_body, fidelity_body, policies_body, spec_body, tests_body, trainer_body)
 from results_md import RESULTS, write_section  # noqa: E402
 
 PARTS = ("env", "engine", "spec", "trainer", "tests", "compare", "fidelity")
@@ -170,12 +172,6 @@ def run_env(args: argparse.Namespace, size: str) -> dict:
         raise PartFailed(f"required modules do not import: {', '.join(env['missing_required'])} (stage them; "
                          f"nothing may be pip-installed on the machine); full log: {args.logs / 'env.log'}")
     return env
-
-
-def env_body(r: dict, header: str) -> str:
-    optional = "; ".join(f"`{m}` missing ({why})" for m, why in r["missing_optional"].items()) or "every optional module imports"
-    return "\n".join([header, "", f"Python {r['python']}, torch {r['torch']} (CUDA {r['cuda']}), transformers "
-                      f"{r['transformers']}, GPU: {r['gpu']}.  Required modules import; {optional}."])
 
 
 def run_engine(args: argparse.Namespace, size: str) -> dict:
@@ -301,59 +297,6 @@ def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
     return f"cpu ({platform.machine()}, {__import__('os').cpu_count()} cores)"
-
-
-def engine_body(r: dict, header: str) -> str:
-    rows = [("rollpacker embedded engine", r["embedded_tok_s"], r["embedded_vs_static"]),
-            ("static `generate` (padded batches)", r["static_tok_s"], 1.0)]
-    if r.get("hf_cb_tok_s") is not None:
-        rows.append(("transformers continuous batching", r["hf_cb_tok_s"], r["hf_cb_vs_static"]))
-    lines = [header, "", f"Command: `{r['command']}`", "",
-             f"{r['num_requests']} requests, cap {r['cap']} new tokens, capacity {r['batch']}, {r['dtype']}; "
-             f"lengths {r['lengths']}.", "", "| engine | tokens/s | vs static |", "|---|---|---|"]
-    lines += [f"| {name} | {tok_s} | {ratio}x |" for name, tok_s, ratio in rows]
-    if "decode_step" in r:
-        d = r["decode_step"]
-        lines += ["", f"Decode step at {d['rows']} rows x {d['context']} tokens: {d['graph_ms']} ms with CUDA graphs, "
-                      f"{d['eager_ms']} ms eager; memory floor {d['memory_floor_ms']} ms."]
-    return "\n".join(lines)
-
-
-def trainer_body(r: dict, header: str, command: str) -> str:
-    return "\n".join([
-        header, "", f"Command: `{command}` (its trainer part)", "",
-        f"`{r['trainer_class']}` forward+backward, {r['dtype']}, micro-batches of {r['batch']} x "
-        f"({r['prompt']} prompt + {r['response']} response) random tokens, {r['iters']} timed:", "",
-        "| tokens/s (median) | best | seconds per micro-batch |", "|---|---|---|",
-        f"| {r['tokens_per_s']} | {r['best_tokens_per_s']} | {', '.join(map(str, r['fwd_bwd_s']))} |"])
-
-
-def policies_body(s: dict, header: str) -> str:
-    base = s["policies"][0]
-    peak = "" if s["cuda_peak_gib"] is None else f" Measured peak CUDA memory allocated: {s['cuda_peak_gib']} GiB."
-    lines = [header, "", f"Command: `{s['command']}`", "", f"`{s['memory_plan']}`{peak}", "",
-             f"| policy | mean step s | {base}/policy step time | bubble ratio | mean reward | on-policy token fraction |",
-             "|---|---|---|---|---|---|"]
-    for p in s["policies"]:
-        ratio = 1.0 if p == base else s["step_time_ratio"][p]
-        lines.append(f"| {p} | {s['mean_step_s'][p]:.2f} | {ratio:.2f}x | {s['bubble_ratio'][p]:.2f} | "
-                     f"{s['mean_reward'][p]:.3f} | {s['on_policy_token_fraction'][p]:.3f} |")
-    return "\n".join(lines)
-
-
-def spec_body(r: dict, header: str) -> str:
-    lines = [header, "", f"Command: `{r['command']}`", "", "```", *(json.dumps(x) for x in r["rows"]), "```"]
-    return "\n".join(lines)
-
-
-def tests_body(r: dict, header: str) -> str:
-    return "\n".join([header, "", f"Command: `{r['command']}`", "", f"Result: {r['summary']}"])
-
-
-def fidelity_body(r: dict, header: str) -> str:
-    state = "complete" if r["complete"] else "incomplete (cut at --budget-s: call the part again)"
-    return "\n".join([header, "", f"What: {r['what']}; {state}.", "", f"Command: `{r['command']}`", "",
-                      f"Plot: `{Path(r['plot']).name}`.", "", r["text"]])
 
 
 def main(argv: list[str]) -> int:
