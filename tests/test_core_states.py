@@ -29,7 +29,7 @@ from rollpacker.core import (
     make_policy,
 )
 from rollpacker.core.records import request_id, request_number
-from rollpacker.core import planner, prompt_pool, states, stream_batcher
+from rollpacker.core import draft, planner, prompt_pool, states, stream_batcher
 from rollpacker.core.prompt_pool import PromptPool
 from rollpacker.core.states import (
     TRANSITIONS,
@@ -161,7 +161,7 @@ def recording(moves: list):
 def recorded(moves: list):
     """Every module that moves a machine, its `transition` recording into `moves`."""
     mp = pytest.MonkeyPatch()
-    for module in (planner, stream_batcher, prompt_pool):
+    for module in (planner, draft, stream_batcher, prompt_pool):
         mp.setattr(module, "transition", recording(moves))
     return mp
 
