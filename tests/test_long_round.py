@@ -1,0 +1,38 @@
+"""benchmarks/long_round.py's decomposition of a long round: the longest request decoded alone on
+the simulator's instance model is never faster than the floor's path bound, and is slower with fewer
+drafts and slower again without speculation; a real headline-setting run's long rounds sit above
+their floor."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import attrs
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from long_round import BASE, SPEC, alone_s, report  # noqa: E402
+from rollpacker.core.cost_model import CostModel  # noqa: E402
+from rollpacker.sim.constants import MODELS  # noqa: E402
+
+
+def test_alone_times_order_best_drafts_cold_drafts_no_speculation_above_the_path_floor():
+    cost = CostModel(model=MODELS["qwen2.5-7b"], hardware=SPEC.hardware, tp=4, mem_fraction=SPEC.engine.mem_fraction)
+    n = 20_000
+    best, cold, plain = (alone_s(cost, SPEC, 300, n, 1.0), alone_s(cost, SPEC, 300, n, 0.0),
+                         alone_s(cost, BASE, 300, n, 0.0))
+    floor = (cost.t0 + cost.t1) * n * attrs.evolve(SPEC.spec, enabled=True).best_slowdown(cost)
+    assert floor < best < cold < plain
+    assert plain > (cost.t0 + cost.t1) * n  # the context term only adds
+
+
+def test_the_report_splits_the_gap_into_factors_that_multiply_to_it():
+    rounds = [{"seed": 0, "step": 4, "tp": 4, "longest": 100, "round_s": 12.0, "floor_s": 8.0, "alone_best_s": 8.8,
+               "alone_cold_s": 11.0, "alone_nospec_s": 12.5}]
+    text = report(rounds, [0])
+    assert "round / floor 1.50" in text
+    assert "context (alone with the best drafts / floor): 1.10x" in text
+    assert "drafts (alone with no sibling finished / alone with the best drafts): 1.25x" in text
+    assert "sharing (the round / alone with no sibling finished): 1.09x" in text  # 1.10 x 1.25 x 1.09 = 1.50
