@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 from sglang_helpers import fake_sglang, request
-from test_backend_errors import FAST, silent_stream
+from test_backend_errors import FAST, first_results, silent_stream
 
 from rollpacker.backends.errors import BackendMisuse
 from rollpacker.backends.requests import UnknownRequest
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.protocols import GenerationRequest
+from rollpacker.core.protocols import GenerationRequest, GenerationResult
 
 BAD_BATCHES = [
     ["not a request"],
@@ -23,7 +23,8 @@ BAD_BATCHES = [
 
 
 def refusals(engine) -> list[tuple[type, str]]:
-    """Submit request 1 (it stays in flight), then each bad batch and an unknown abort: what each raised."""
+    """Submit request 1 (it stays in flight), then each bad batch and an unknown abort: what each
+    raised.  Request 1 aborted is then the one result: nothing of a refused batch was queued."""
     engine.submit([request(1)])
     seen = []
     for batch in BAD_BATCHES:
@@ -34,6 +35,9 @@ def refusals(engine) -> list[tuple[type, str]]:
         engine.abort(["rp000000000099"])
     seen.append((type(info.value), str(info.value)))
     engine.abort(["rp000000000001"])
+    results = first_results(engine)
+    results += [e for e in engine.poll(0.5) if isinstance(e, GenerationResult)]
+    assert [(r.request_id, r.finish_reason) for r in results] == [("rp000000000001", "abort")]
     return seen
 
 

@@ -47,7 +47,7 @@ from rollpacker.backends.embedded.speculation import SpeculationStats, Speculato
 from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
 from rollpacker.backends.errors import BackendMisuse, EngineFailed
 from rollpacker.backends.models import load_model
-from rollpacker.backends.requests import RequestIds, UnknownRequest
+from rollpacker.backends.requests import RequestIds, UnknownRequest  # noqa: F401 (abort raises it)
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, check_memory_tags
 
