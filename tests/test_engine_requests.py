@@ -23,8 +23,7 @@ BAD_BATCHES = [
 
 
 def refusals(engine) -> list[tuple[type, str]]:
-    """Submit request 1 (it stays in flight), then each bad batch and an unknown abort: what each
-    raised.  Request 1 aborted is then the one result: nothing of a refused batch was queued."""
+    """Submit request 1 (it stays in flight), then each bad batch and an unknown abort: what each raised."""
     engine.submit([request(1)])
     seen = []
     for batch in BAD_BATCHES:
@@ -34,10 +33,6 @@ def refusals(engine) -> list[tuple[type, str]]:
     with pytest.raises(BackendMisuse) as info:
         engine.abort(["rp000000000099"])
     seen.append((type(info.value), str(info.value)))
-    engine.abort(["rp000000000001"])
-    results = first_results(engine)
-    results += [e for e in engine.poll(0.5) if isinstance(e, GenerationResult)]
-    assert [(r.request_id, r.finish_reason) for r in results] == [("rp000000000001", "abort")]
     return seen
 
 
@@ -52,10 +47,14 @@ def test_embedded_and_sglang_engines_refuse_bad_requests_alike():
     with EmbeddedEngine(model, capacity=2) as embedded:
         embedded.pause()  # request 1 stays in flight
         from_embedded = refusals(embedded)
+        embedded.abort(["rp000000000001"])  # then the one result: nothing of a refused batch was queued
+        results = first_results(embedded) + [e for e in embedded.poll(0.5) if isinstance(e, GenerationResult)]
+        assert [(r.request_id, r.finish_reason) for r in results] == [("rp000000000001", "abort")]
     app = fake_sglang(silent_stream)
     try:
         with SGLangEngine([app.url], http=FAST, capacity_per_server=4, stall_timeout_s=60) as sglang:
             from_sglang = refusals(sglang)
+            sglang.abort(["rp000000000001"])
     finally:
         app.close()
     assert from_embedded == from_sglang
