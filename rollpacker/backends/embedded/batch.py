@@ -1,50 +1,19 @@
-"""The running batch of the embedded engine: rows in KV cache slots (row i in slot i), the waiting
-queue, and one step over them (admit and prefill, decode or verify drafts, sample, emit, compact).
-No threads here: `embedded.EmbeddedEngine` owns the loop and the request bookkeeping."""
+"""The running batch of the embedded engine: one step over the scheduler's rows (admit and prefill,
+decode or verify drafts, sample, emit, compact), the torch half of the split: `scheduler` decides
+which rows wait, run and leave, and in which KV cache slot.  No threads here:
+`embedded.EmbeddedEngine` owns the loop and the request bookkeeping."""
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 
 import torch
-from attrs import define, field
 
 from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.embedded.sampling import sample, verify
+from rollpacker.backends.embedded.scheduler import Row, RowStatus, Scheduler
 from rollpacker.backends.embedded.speculation import Speculator
-from rollpacker.core.protocols import GenerationRequest
-
-
-@define(eq=False)
-class Row:
-    request: GenerationRequest
-    tokens: list[int]
-    """Prompt (+ resumed prefix) then the generated tokens; the cache holds all but the last."""
-    num_prompt: int
-    max_new: int
-    seed: int
-    version: int = -1
-    logprobs: list[float] = field(factory=list)
-    is_done: bool = False
-    num_reported: int = 0
-
-    @property
-    def rid(self) -> str:
-        return self.request.request_id
-
-    @property
-    def num_generated(self) -> int:
-        return len(self.tokens) - self.num_prompt
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.tokens[self.num_prompt :]
-
-    @property
-    def cache_len(self) -> int:
-        return len(self.tokens) - 1
 
 
 class RunningBatch:
@@ -57,54 +26,46 @@ class RunningBatch:
                  detokenize: Callable[[list[int]], str] | None = None) -> None:
         self._runner = runner
         self._speculator = speculator
-        self._capacity = capacity
-        self._admit_fraction = admit_fraction
-        self._max_prefill_tokens = max_prefill_tokens
+        self.scheduler = Scheduler(capacity=capacity, admit_fraction=admit_fraction,
+                                   max_prefill_tokens=max_prefill_tokens)
         self._stop_token_ids = stop_token_ids
         self._progress_every = progress_every
         self._on_progress = on_progress
         self._on_finish = on_finish
         self._detokenize = detokenize  # token ids -> text, for requests with stop strings
-        self.waiting: deque[Row] = deque()
-        self.rows: list[Row] = []  # Invariant: row i lives in cache slot i; finished rows leave at the next compact
         self.version = 0  # weight version given to rows admitted from now on
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.rows)
+        return self.scheduler.has_work
+
+    def add(self, rows: Iterable[Row]) -> None:
+        self.scheduler.add(rows)
 
     def abort(self, request_ids: Iterable[str]) -> None:
-        ids = set(request_ids)
-        for row in self.rows:
-            if not row.is_done and row.rid in ids:
-                self._finish(row, "abort")
-        kept = deque()
-        for row in self.waiting:
-            if row.rid in ids:
-                self._finish(row, "abort")
-            else:
-                kept.append(row)
-        self.waiting = kept
+        for row in self.scheduler.abort(request_ids):
+            self._report(row, "abort")
 
     def abort_all(self) -> None:
-        for row in list(self.rows) + list(self.waiting):
-            if not row.is_done:
-                self._finish(row, "abort")
-        self.rows, self.waiting = [], deque()
+        for row in self.scheduler.abort_all():
+            self._report(row, "abort")
 
-    def _finish(self, row: Row, reason: str, now: float | None = None) -> None:
-        row.is_done = True
+    def _finish(self, row: Row, reason: str, now: float) -> None:
+        self.scheduler.finish(row)
+        self._report(row, reason, now)
+
+    def _report(self, row: Row, reason: str, now: float | None = None) -> None:
         self._speculator.release(row.rid)
         self._on_finish(row, reason, time.monotonic() if now is None else now)
 
     def step(self) -> None:
         self._compact()
         self._admit()
-        if not self.rows:
-            if not self.waiting and not self._runner.is_cuda:
+        rows = self.scheduler.running
+        if not rows:
+            if not self.scheduler.waiting and not self._runner.is_cuda:
                 self._runner.release()  # idle: give the KV cache's memory back to the trainer
             return
-        rows = self.rows
         drafts = self._speculator.drafts([(r.rid, r.max_new - r.num_generated) for r in rows])
         params = self._sampling_params(rows)
         cache_lens = [r.cache_len for r in rows]
@@ -155,30 +116,20 @@ class RunningBatch:
         )
 
     def _compact(self) -> None:
-        """Take finished rows out of the batch: the last row moves into each freed slot."""
-        rows = self.rows
-        for i in range(len(rows) - 1, -1, -1):
-            if not rows[i].is_done:
-                continue
-            last = rows.pop()
-            if i < len(rows):
-                self._runner.move(len(rows), i, last.cache_len)
-                rows[i] = last
+        """Take finished rows out of the batch: the scheduler says which slot moves where."""
+        for move in self.scheduler.compact():
+            self._runner.move(move.src, move.dst, move.cache_len)
 
     def _admit(self) -> None:
-        """Prefill waiting requests into the free slots, batched (see `admit_fraction`)."""
-        num_live = len(self.rows)
-        admit = self._pick_admissions(self._capacity - num_live)
-        if not admit:
+        """Prefill the rows the scheduler admits into their slots, batched (see `admit_fraction`)."""
+        admission = self.scheduler.admit()
+        if admission is None:
             return
-        if num_live and len(admit) < max(1, int(self._admit_fraction * num_live)) and self.waiting:
-            self.waiting.extendleft(reversed(admit))
-            return
+        admit = admission.rows
         for row in admit:
             row.version = self.version
             self._speculator.track(row.rid, row.request.group or row.rid, row.tokens, row.num_prompt)
-        logits = self._runner.prefill(num_live, [r.tokens for r in admit])
-        self.rows.extend(admit)
+        logits = self._runner.prefill(admission.first_slot, [r.tokens for r in admit])
         tokens, logprobs = sample(logits, *self._sampling_params(admit))
         now = time.monotonic()
         for row, tok, lp in zip(admit, tokens.tolist(), logprobs.tolist()):
@@ -197,19 +148,9 @@ class RunningBatch:
         tail = self._detokenize(row.token_ids[-window:])
         return any(s in tail for s in stops)
 
-    def _pick_admissions(self, free: int) -> list[Row]:
-        admit, budget = [], self._max_prefill_tokens
-        while self.waiting and len(admit) < free:
-            size = len(self.waiting[0].tokens)
-            if admit and size > budget:
-                break
-            budget -= size
-            admit.append(self.waiting.popleft())
-        return admit
-
     def _append(self, row: Row, token: int, logprob: float, now: float) -> bool:
         """Record one generated token; finish the row on a stop token or its length.  True if done."""
-        if row.is_done:  # a finished row left the batch at the last compact: never decode it again
+        if row.status is not RowStatus.RUNNING:  # a finished row left the batch at the last compact
             raise RuntimeError(f"request {row.rid!r}: a token after the request finished (engine bug)")
         row.tokens.append(token)
         row.logprobs.append(logprob)
@@ -221,4 +162,4 @@ class RunningBatch:
         elif n - row.num_reported >= self._progress_every:
             row.num_reported = n
             self._on_progress(row, now)
-        return row.is_done
+        return row.is_finished

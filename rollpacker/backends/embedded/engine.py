@@ -39,19 +39,17 @@ from typing import Any
 import torch
 
 from rollpacker.backends._drain import drain
-from rollpacker.backends.embedded.batch import Row, RunningBatch
+from rollpacker.backends.embedded.batch import RunningBatch
 from rollpacker.backends.embedded.memory import EngineMemory
 from rollpacker.backends.embedded.runner import Runner
+from rollpacker.backends.embedded.scheduler import Row
 from rollpacker.backends.embedded.speculation import SpeculationStats, Speculator, speculation_rows
 from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
-from rollpacker.backends.models import load_model
 from rollpacker.backends.errors import BackendMisuse, EngineFailed
+from rollpacker.backends.models import load_model
+from rollpacker.backends.requests import RequestIds, UnknownRequest  # noqa: F401 (abort raises it)
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult, check_memory_tags
-
-
-class UnknownRequest(BackendMisuse):
-    """abort() named a request id this engine never received."""
 
 
 class EngineReleased(BackendMisuse):
@@ -162,8 +160,7 @@ class EmbeddedEngine:
         event set when done and a list that receives the call's exception."""
         self._is_paused = False
         self._is_closed = False
-        self._live_ids: set[str] = set()  # submitted, result not yet emitted
-        self._seen_ids: set[str] = set()
+        self._ids = RequestIds()  # in flight: submitted, result not yet emitted
         self._failure: BaseException | None = None
         self._out: queue.Queue = queue.Queue()
 
@@ -193,19 +190,14 @@ class EmbeddedEngine:
 
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
         """Validate every request first (nothing is queued if one is bad), then queue them all."""
-        rows = []
         with self._cond:
             self._check_open()
             refusal = self._memory.refusal()
             if refusal is not None:
                 raise EngineReleased(f"submit: {refusal}")
-            batch_ids: set[str] = set()
-            for r in requests:
-                rows.append(self._validate(r, batch_ids))
-                batch_ids.add(r.request_id)
-            for row in rows:
-                self._live_ids.add(row.request.request_id)
-                self._seen_ids.add(row.request.request_id)
+            self._ids.check(requests)
+            rows = [self._validate(r) for r in requests]
+            self._ids.add(requests)
             self._inbox.extend(rows)
             self._cond.notify_all()
 
@@ -219,15 +211,13 @@ class EmbeddedEngine:
 
     def _is_idle(self) -> bool:
         with self._cond:
-            return not self._live_ids or self._failure is not None or self._is_closed
+            return not self._ids.live or self._failure is not None or self._is_closed
 
     def abort(self, request_ids: Sequence[str]) -> None:
         with self._cond:
             self._check_open()
-            unknown = [r for r in request_ids if r not in self._seen_ids]
-            if unknown:
-                raise UnknownRequest(f"abort: unknown request id(s) {unknown[:5]!r}")
-            self._aborts.extend(r for r in request_ids if r in self._live_ids)
+            self._ids.check_known(request_ids)
+            self._aborts.extend(r for r in request_ids if r in self._ids.live)
             self._cond.notify_all()
 
     def pause(self) -> None:
@@ -265,8 +255,8 @@ class EmbeddedEngine:
         tags = check_memory_tags(tags)
         with self._cond:
             self._check_open()
-            if self._live_ids or self._inbox:
-                raise BackendMisuse(f"release_memory: {len(self._live_ids)} request(s) still in flight; abort them "
+            if self._ids.live or self._inbox:
+                raise BackendMisuse(f"release_memory: {len(self._ids)} request(s) still in flight; abort them "
                                     f"and poll their results first")
             self._memory.released.update(tags)  # from now on submit refuses
         error = self._on_loop(lambda: self._memory.free(tags), "releasing memory")
@@ -321,17 +311,10 @@ class EmbeddedEngine:
         if self._failure is not None:
             raise EngineFailed("the embedded engine's decode loop failed") from self._failure
 
-    def _validate(self, r: GenerationRequest, batch_ids: set[str]) -> Row:
-        if not isinstance(r, GenerationRequest):
-            raise ConfigError(f"submit expects GenerationRequest, got {type(r).__name__}")
+    def _validate(self, r: GenerationRequest) -> Row:
+        """This engine's checks on top of `RequestIds.check` (vocabulary, context); the request's row."""
         rid = r.request_id
-        if not isinstance(rid, str) or not rid:
-            raise ConfigError(f"request_id must be a non-empty string, got {rid!r}")
-        if rid in self._live_ids or rid in batch_ids:
-            raise BackendMisuse(f"request {rid!r}: this id is already running (duplicate request_id)")
         prompt = list(r.prompt_ids) + list(r.resume_ids)
-        if not r.prompt_ids:
-            raise ConfigError(f"request {rid!r}: prompt_ids is empty")
         bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ConfigError(f"request {rid!r}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
@@ -376,7 +359,7 @@ class EmbeddedEngine:
     def _take_commands(self) -> bool:
         """Apply queued submissions, aborts, weight updates and memory calls (lock held). True if any."""
         work = bool(self._inbox or self._aborts or self._jobs)
-        self._batch.waiting.extend(self._inbox)
+        self._batch.add(self._inbox)
         self._inbox.clear()
         if self._aborts:
             self._batch.abort(self._aborts)
@@ -404,12 +387,12 @@ class EmbeddedEngine:
         )
         with self._cond:  # out and no longer live at once: whoever polled it sees nothing in flight
             self._out.put(result)
-            self._live_ids.discard(row.rid)
+            self._ids.done(row.rid)
 
     def _close_all(self) -> None:
         """On close or failure, every request still in flight ends as aborted."""
         with self._cond:
-            self._batch.waiting.extend(self._inbox)
+            self._batch.add(self._inbox)
             self._inbox.clear()
         self._batch.abort_all()
         for _, done, error in self._jobs:

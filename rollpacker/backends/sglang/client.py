@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from rollpacker.backends.errors import BackendMisuse, SGLangError
+from rollpacker.backends.requests import RequestIds
 from rollpacker.backends.sglang.http import HttpConfig, ServerClient
 from rollpacker.backends.sglang.inflight import InflightRequests
 from rollpacker.backends.sglang.pool import ServerPool
@@ -110,8 +111,7 @@ class SGLangEngine:
         self.last_sync = None
         """The last distributed sync's SyncStats (tensors, bytes, buckets, seconds)."""
         self._lock = threading.Lock()
-        self._live_ids: set[str] = set()  # guarded by _lock: submitted, result not yet queued
-        self._seen_ids: set[str] = set()
+        self._ids = RequestIds()  # guarded by _lock: in flight = submitted, result not yet queued
         self._out: queue.Queue = queue.Queue()
         self._held: list = []  # events taken from _out by a poll that raised instead (caller thread)
         self._is_paused = False
@@ -155,19 +155,8 @@ class SGLangEngine:
             raise ConfigError(f"submit: unknown server {server!r}; servers are {self.urls}")
         self._pool.check_live()
         with self._lock:
-            batch: set[str] = set()
-            for r in requests:
-                if not isinstance(r, GenerationRequest):
-                    raise ConfigError(f"submit expects GenerationRequest, got {type(r).__name__}")
-                if not isinstance(r.request_id, str) or not r.request_id:
-                    raise ConfigError(f"request_id must be a non-empty string, got {r.request_id!r}")
-                if not r.prompt_ids:
-                    raise ConfigError(f"request {r.request_id!r}: prompt_ids is empty")
-                if r.request_id in self._live_ids or r.request_id in batch:
-                    raise BackendMisuse(f"request {r.request_id!r}: this id is already running")
-                batch.add(r.request_id)
-            self._live_ids |= batch
-            self._seen_ids |= batch
+            self._ids.check(requests)
+            self._ids.add(requests)
         self._pool.loop.call_soon_threadsafe(self._requests.dispatch, list(requests), server)
 
     def poll(self, timeout: float | None = None) -> list[GenerationProgress | GenerationResult]:
@@ -181,7 +170,7 @@ class SGLangEngine:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
             with self._lock:
-                idle = not self._live_ids
+                idle = not self._ids.live
             wait = 0.05 if idle else 0.2
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - time.monotonic()))
@@ -208,9 +197,8 @@ class SGLangEngine:
         """Abort these requests; each comes back from `poll` as a result (finish_reason "abort"
         with its partial tokens, or its normal finish if it ended first)."""
         self._check_open()
-        unknown = [r for r in request_ids if r not in self._seen_ids]
-        if unknown:
-            raise BackendMisuse(f"abort: unknown request id(s) {unknown[:5]!r}")
+        with self._lock:
+            self._ids.check_known(request_ids)
         self._pool.loop.call_soon_threadsafe(self._requests.abort, list(request_ids))
 
     def pause(self) -> None:
@@ -264,8 +252,8 @@ class SGLangEngine:
         tags = list(check_memory_tags(tags))
         self._check_open()
         with self._lock:
-            if self._live_ids:
-                raise BackendMisuse(f"release_memory: {len(self._live_ids)} request(s) still in flight")
+            if self._ids.live:
+                raise BackendMisuse(f"release_memory: {len(self._ids)} request(s) still in flight")
         self._pool.on_live_servers(lambda c: c.release_memory_occupation(tags), "releasing memory",
                                    timeout=self.http.weights_timeout_s + 5)
 
@@ -324,8 +312,8 @@ class SGLangEngine:
         """/flush_cache on every live server; only when nothing is in flight (SGLang refuses then)."""
         self._check_open()
         with self._lock:
-            if self._live_ids:
-                raise BackendMisuse(f"flush_cache: {len(self._live_ids)} request(s) still in flight")
+            if self._ids.live:
+                raise BackendMisuse(f"flush_cache: {len(self._ids)} request(s) still in flight")
         self._pool.on_live_servers(lambda c: c.flush_cache(), "flushing the cache")
 
     def close(self) -> None:
@@ -364,7 +352,7 @@ class SGLangEngine:
             raise error
         if not self._pool.live():
             with self._lock:
-                busy = bool(self._live_ids)
+                busy = bool(self._ids.live)
             if self._out.empty() and not busy:
                 self._pool.check_live()
 
@@ -376,7 +364,7 @@ class SGLangEngine:
             return
         with self._lock:  # out and no longer live at once: whoever polled it sees nothing in flight
             self._out.put(event)
-            self._live_ids.discard(event.request_id)
+            self._ids.done(event.request_id)
 
     async def _close(self) -> None:
         await self._requests.close()
