@@ -17,10 +17,18 @@ from test_step_loop import Prompts, RecordingTrainer, ScriptedEngine, ScriptedRe
 
 class LostScorer(Simulation):
     """The simulator whose scorer takes each kept sample and never answers (its deadline is lost too):
-    the step's events run out before its rewards come."""
+    the step's events run out before its rewards come.  A driver that does not see the stall would
+    wait on it forever: past 10,000 waits the test fails instead of hanging."""
+
+    waits = 0
 
     def start_scoring(self, command) -> None:
-        self.lost = getattr(self, "lost", 0) + 1
+        self.lost = getattr(self, "lost", set()) | {command.request_id}  # (a hedge's copy too)
+
+    def wait(self):
+        self.waits += 1
+        assert self.waits < 10_000, "the driver waited on a stalled simulator forever"
+        return super().wait()
 
 
 def test_a_simulator_with_nothing_left_to_happen_raises_the_drivers_stall_error():
@@ -28,7 +36,7 @@ def test_a_simulator_with_nothing_left_to_happen_raises_the_drivers_stall_error(
     with pytest.raises(StepStalled, match=r"step 0 stalled at t=\d+\.\d{3}s of the step: the backend has nothing "
                                           r"left to report and the step is not done; 0 requests still running"):
         sim.run_step()
-    assert sim.lost == 4, "the case under test: every sample was kept and its scorer lost"
+    assert len(sim.lost) == 4, "the case under test: every sample was kept and its scorer lost"
 
 
 class SilentEngine(ScriptedEngine):

@@ -32,10 +32,13 @@ class StepWatch:
         self.limit_s = limit_s
         """Seconds a step may run (None: no limit)."""
         self.start = clock.now()
+        self.step = scheduler.state.step
+        """The step under watch (the core's counter moves on at its round's end)."""
 
     def begin(self) -> None:
         """A step starts now."""
         self.start = self.clock.now()
+        self.step = self.sched.state.step
 
     def time_left(self) -> float | None:
         """Seconds until the step's limit (None: no limit)."""
@@ -46,11 +49,11 @@ class StepWatch:
         return self.limit_s is not None and self.clock.now() - self.start > self.limit_s
 
     def timed_out(self, pending_work: str = "") -> StepTimeout:
-        return StepTimeout(f"step {self.sched.state.step} ran past step_timeout_s={self.limit_s}: "
+        return StepTimeout(f"step {self.step} ran past step_timeout_s={self.limit_s}: "
                            f"{self._pending(pending_work)}")
 
     def stalled(self, pending_work: str = "") -> StepStalled:
-        return StepStalled(f"step {self.sched.state.step} stalled at t={self.clock.now() - self.start:.3f}s of the "
+        return StepStalled(f"step {self.step} stalled at t={self.clock.now() - self.start:.3f}s of the "
                            f"step: the backend has nothing left to report and the step is not done; "
                            f"{self._pending(pending_work)}")
 
