@@ -14,7 +14,12 @@ start_scoring, train, step_optimizer, wait).  What it may want to know goes to o
 `Observer.observe(notice)`: the step's start (`StepBegun`), a sample kept for scoring
 (`ScoreSample`), the reward the core settled (`RewardScored`), a closed group (`CloseGroup`), the
 round's end (`EndRound`); `Observer.finish_step` makes the step's record.  A backend that also
-observes (LiveBackend, the simulator, the test harness) is its own observer unless given another.
+observes (LiveBackend, the simulator, the test harness) is its own observer unless given another;
+`observer.NoticeObserver` routes each notice to a method by its type.
+
+The driver watches each step (`watchdog.StepWatch`): past its time limit it raises `StepTimeout`,
+and a backend whose `wait` reports nothing while the clock stands still (nothing can ever happen:
+a deadlock) raises `StepStalled`, live and simulated alike.
 
 Scoring: a `ScoreSample` is told to the observer first (the backend prepares the sample's reward
 job), then handed to the core's reward scheduler; each `StartScoring` it gives back (RollPacker's
@@ -36,7 +41,6 @@ from attrs import frozen
 from rollpacker.core import (
     AbortRequest,
     CloseGroup,
-    Command,
     EndRound,
     EpochLedger,
     LaunchRequest,
@@ -53,6 +57,8 @@ from rollpacker.core import (
 from rollpacker.core.records import PromptKey
 
 from .clock import Clock, WallClock
+from .observer import Observer, StepBegun
+from .watchdog import StepWatch
 
 
 @frozen
@@ -79,17 +85,6 @@ class HedgeDue:
 Input = RequestFinished | RequestAborted | ScorerAnswered | DeadlinePassed | HedgeDue
 
 
-@frozen
-class StepBegun:
-    """A step starts; `commands` are its round's first (not yet executed)."""
-
-    commands: tuple[Command, ...]
-
-
-Notice = StepBegun | ScoreSample | RewardScored | CloseGroup | EndRound
-"""What the driver tells its observer; nothing in a notice is to be executed."""
-
-
 class Backend(Protocol):
     """What the driver executes the core's commands against: only real work."""
 
@@ -111,18 +106,9 @@ class Backend(Protocol):
         """Wait for every micro-batch of the step, step the optimizer, sync the weights."""
 
     def wait(self) -> Sequence[Input]:
-        """Block (or, simulated, move the clock) until something happens; return what happened."""
-
-
-class Observer(Protocol):
-    """What the driver tells, and the step's record it asks for once the optimizer has stepped."""
-
-    def observe(self, notice: Notice) -> None:
-        """`StepBegun`, then as they come: `ScoreSample` (before its scoring is queued: prepare the
-        reward job), `RewardScored` (a timeout's included), `CloseGroup`, `EndRound`."""
-
-    def finish_step(self, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
-        """The step's metrics record (`core.step_record`), after its optimizer step."""
+        """Block (or, simulated, move the clock) until something happens; return what happened.
+        Nothing returned with the clock where it was means nothing more will happen: the driver
+        raises `StepStalled`."""
 
 
 _BACKEND_METHOD = {
@@ -136,7 +122,7 @@ _BACKEND_METHOD = {
 
 class Driver:
     def __init__(self, scheduler: Scheduler, backend: Backend, clock: Clock | None = None,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, watch: StepWatch | None = None) -> None:
         self.sched = scheduler
         self.backend = backend
         if observer is None and not (hasattr(backend, "observe") and hasattr(backend, "finish_step")):
@@ -144,18 +130,37 @@ class Driver:
                             "pass Driver(..., observer=...)")
         self.observer: Observer = observer if observer is not None else backend  # type: ignore[assignment]
         self.clock = clock or WallClock()
+        self.watch = watch or StepWatch(scheduler, self.clock)
+        """The step's time limit (none unless given) and deadlock detection."""
         self.ledger = EpochLedger()
         """Prompt keys trained so far (duplicates are counted, never expected)."""
 
     def run_step(self) -> dict:
         """Play one round, train it with one optimizer step; return the step's metrics."""
         commands = self.sched.begin_round()
+        self.watch.begin()
         self.observer.observe(StepBegun(tuple(commands)))
         self.execute(commands)
         while not self.sched.step_done:
-            for item in self.backend.wait():
+            for item in self.wait():
                 self.execute(self.feed(item))
         return self.observer.finish_step(self.ledger, self.pending_prompts())
+
+    def wait(self) -> Sequence[Input]:
+        """The backend's next reports; `StepTimeout` once the step ran past its limit (checked before
+        each wait), `StepStalled` when the backend reports nothing and the clock stands still."""
+        if self.watch.is_over():
+            raise self.watch.timed_out(self.pending_work())
+        before = self.clock.now()
+        inputs = self.backend.wait()
+        if not inputs and self.clock.now() == before:
+            raise self.watch.stalled(self.pending_work())
+        return inputs
+
+    def pending_work(self) -> str:
+        """What the backend says it still waits for, for the watch's errors (empty if it does not say)."""
+        describe = getattr(self.backend, "pending_work", None)
+        return describe() if describe is not None else ""
 
     def pending_prompts(self) -> frozenset[PromptKey]:
         """Prompts drawn from the pool and not trained yet (running, deferred or returned)."""

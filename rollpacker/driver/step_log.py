@@ -4,12 +4,17 @@ and the step's `StepLog` (rewards, trained samples, when the trainer trained, ti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from attrs import define, field
 
+from rollpacker.core import EpochLedger, step_record
 from rollpacker.core.metrics import Occupancy, StepTimes
-from rollpacker.core.protocols import GenerationRequest
+from rollpacker.core.protocols import GenerationRequest, GenerationResult
+from rollpacker.core.records import PromptKey
+
+from .train_worker import OPTIMIZER_STEP, TrainerRan
 
 
 @define
@@ -79,3 +84,63 @@ class StepLog:
         round_end = self.round_end if self.round_end is not None else end - self.sync_s
         return StepTimes(start=0.0, round_end=round_end, rewards_done=self.rewards_done, end=end, sync_s=self.sync_s,
                          train_spans=tuple(self.train_spans))
+
+    def launched(self, request_id: str, at: float, prompt: int, request: GenerationRequest,
+                 resumes: tuple[str, ...]) -> None:
+        """A request went to the engine `at` seconds into the step."""
+        self.intervals[request_id] = Interval(request_id, at, prompt=prompt, request=request, resumes=resumes)
+        self.occupancy.change(at, +1)
+
+    def answered(self, result: GenerationResult, at: float) -> None:
+        """The engine answered a request `at` seconds into the step (finished or aborted)."""
+        self.occupancy.change(at, -1)
+        interval = self.intervals.get(result.request_id)
+        if interval is not None:
+            interval.end = at
+            interval.outcome = "aborted" if result.finish_reason == "abort" else "wasted"
+            interval.num_tokens, interval.finish_reason = len(result.token_ids), result.finish_reason
+            interval.token_ids = result.token_ids
+
+    def trained_jobs(self, jobs: Sequence[TrainerRan]) -> None:
+        """What the train worker finished: micro-batch statistics, and when it trained (the timeline's
+        training lane; exporting weights is sync time, not training)."""
+        for job in jobs:
+            if job.micro_batch is not None:
+                self.train_stats.append(job.stats)
+            if job.micro_batch is not None or job.what == OPTIMIZER_STEP:
+                self.train_spans.append((job.start - self.start, job.end - self.start, job.what))
+
+    def settle_outcomes(self) -> None:
+        """A sample scored but not trained this step is carried (a later step trains it) or wasted
+        (its prompt was deferred): the timeline then agrees with the step's kept tokens."""
+        for interval in self.intervals.values():
+            if interval.outcome == "kept" and not interval.is_trained:
+                interval.outcome = "carried" if interval.request_id in self.carried else "wasted"
+
+    def record(self, end: float, capacity: int, sample_rewards: dict[str, float], ledger: EpochLedger,
+               pending: frozenset[PromptKey]) -> dict:
+        """The step's metrics record (`core.step_record`), the step ending `end` seconds after its start;
+        `sample_rewards` by request id (its groups' rewards, a carried sample's included)."""
+        rewards = self.trained_rewards
+        spreads = [max(r) - min(r) for r in ([sample_rewards[i] for i in g] for g in self.groups) if r]
+        loss_sum = sum(s.loss_sum for s in self.train_stats)
+        tokens = sum(s.num_tokens for s in self.train_stats)
+        entropy = sum(s.entropy_sum for s in self.train_stats)
+        waits = self.reward_waits
+        return step_record(
+            self.report, self.times(end), self.occupancy, capacity,
+            mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            reward_failures=self.failed_rewards,
+            reward_wait_s_mean=sum(waits) / len(waits) if waits else 0.0,
+            reward_wait_s_max=max(waits, default=0.0),
+            nonzero_variance_groups=sum(1 for s in spreads if s > 0) / len(spreads) if spreads else 0.0,
+            loss=loss_sum / tokens if tokens else 0.0,
+            trained=[str(k) for k in self.trained],
+            pending_prompts=len(pending),
+            duplicate_prompts=ledger.duplicates,
+            entropy=entropy / tokens if tokens else 0.0,
+            grad_norm=self.step_stats.grad_norm if self.step_stats is not None else None,
+            requests=[[i.prompt, i.num_tokens, i.finish_reason, i.request_id, i.reward]
+                      for i in self.intervals.values() if i.finish_reason],
+            train_spans=[[round(a, 4), round(b, 4), what] for a, b, what in self.train_spans],
+        )

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 from rollpacker.core import (
     BatcherConfig,
-    Command,
     EndRound,
     EpochLedger,
     LaunchRequest,
@@ -36,9 +35,9 @@ from rollpacker.core import (
 )
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
-from rollpacker.core.records import PromptKey, Sample
+from rollpacker.core.records import PromptKey
 from rollpacker.core.tp_planner import check_tp
-from rollpacker.driver import DeadlinePassed, Driver, HedgeDue, Input, Notice, ScorerAnswered, StepBegun, VirtualClock
+from rollpacker.driver import DeadlinePassed, Driver, HedgeDue, Input, NoticeObserver, ScorerAnswered, StepBegun, VirtualClock
 
 from .config import SimConfig
 from .constants import MODELS, SimConstants
@@ -51,7 +50,7 @@ from .workloads import MAX_PROMPT_TOKENS, load_workload
 WAKE, SCORED, DEADLINE, HEDGE = 0, 1, 2, 3
 
 
-class Simulation:
+class Simulation(NoticeObserver):
     def __init__(self, config: SimConfig, constants: SimConstants | None = None,
                  record_timeline: bool = False) -> None:
         self.config = config
@@ -133,20 +132,10 @@ class Simulation:
         """One simulated step, driven by the same Driver as a real run."""
         return self.driver.run_step()
 
-    def observe(self, notice: Notice) -> None:
-        """The driver's notices, each to its method here (a closed group needs nothing: the
-        simulated trainer needs only the micro-batches)."""
-        match notice:
-            case StepBegun():
-                self.begin_step(notice.commands)
-            case ScoreSample():
-                self.keep(notice.sample)
-            case RewardScored():
-                self.scored(notice)
-            case EndRound():
-                self.end_round(notice)
+    # (the driver's notices come to the methods NoticeObserver names; a closed group needs nothing:
+    # the simulated trainer needs only the micro-batches)
 
-    def begin_step(self, commands: Sequence[Command]) -> None:
+    def begin_step(self, notice: StepBegun) -> None:
         self.step_start = self.now
         self._start_meter(switch=0.0)
 
@@ -167,15 +156,19 @@ class Simulation:
         self.dirty: set[int] = set()
 
     def wait(self) -> list[Input]:
-        """Admit work on changed instances; then the next answer due now, or the next heap event."""
-        self._settle()
-        if self.inbox:
-            return [self.inbox.popleft()]
-        if not self.heap:
-            raise RuntimeError(f"simulation deadlock at t={self.now:.3f}s in step {self.sched.state.step}")
-        at, _, kind, payload = heapq.heappop(self.heap)
-        self.clock.advance_to(at)
-        return self._fire(kind, payload)
+        """Admit work on changed instances; then the next answer due now, or the next heap event's.
+        Nothing (the clock where it was) once nothing is left to happen: the driver's `StepStalled`."""
+        while True:
+            self._settle()
+            if self.inbox:
+                return [self.inbox.popleft()]
+            if not self.heap:
+                return []
+            at, _, kind, payload = heapq.heappop(self.heap)
+            self.clock.advance_to(at)
+            inputs = self._fire(kind, payload)
+            if inputs:
+                return inputs
 
     def finish_step(self, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
         """The trainer finishes its micro-batches, then steps the optimizer."""
@@ -253,8 +246,8 @@ class Simulation:
         for rid in request_ids:
             self._abort(rid)
 
-    def keep(self, sample: Sample) -> None:
-        self.scoring[sample.request_id] = sample.prompt.index
+    def keep(self, notice: ScoreSample) -> None:
+        self.scoring[notice.sample.request_id] = notice.sample.prompt.index
 
     def start_scoring(self, command: StartScoring) -> None:
         """Run the scorer: it answers by the core's deadline, or the deadline passes first.  A hedge
@@ -272,9 +265,9 @@ class Simulation:
         if command.hedge_at is not None and command.hedge_at < self.now + seconds:
             self._push(command.hedge_at, HEDGE, None)
 
-    def scored(self, event: RewardScored) -> None:
-        self.scoring.pop(event.request_id, None)
-        self.meter.reward(event)
+    def scored(self, notice: RewardScored) -> None:
+        self.scoring.pop(notice.request_id, None)
+        self.meter.reward(notice)
 
     def train(self, cmd: TrainMicroBatch) -> None:
         self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)

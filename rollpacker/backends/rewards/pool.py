@@ -27,6 +27,8 @@ The deadline counts from when a worker starts the job; the wait before that is r
 `queue_s`.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
 `step_report()` returns the counts and queue latency since the previous call.
 
+The worker process and what it answers are `worker`'s; the step's counts and report are `report`'s.
+
 A hedge (`RewardJob.copy` >= 1) runs beside the job it copies (same request id): the first outcome
 of any copy is the request's one outcome (later copies' are dropped, uncounted); `cancel(request_id)`
 withdraws every copy still queued or running (a running one's worker is killed and replaced, as at
@@ -38,7 +40,6 @@ as "error" outcomes and `submit` and `poll` then raise `RewardExecutorFailed` wi
 
 from __future__ import annotations
 
-import math
 import multiprocessing as mp
 import queue
 import signal
@@ -48,147 +49,16 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
-from typing import Any
-
-from attrs import define, field, frozen
 
 from rollpacker.backends._drain import drain
 from rollpacker.backends.errors import BackendMisuse, RewardExecutorFailed
-from rollpacker.backends.rewards.functions import split_result
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob, RewardOutcome
 
-Scorer = Callable[[str, Any, str], Any]
-"""(task, entry, response) -> float, or a dict with "score" and metrics."""
+from .report import FAILURE_KINDS, RewardStepReport, StepStats
+from .worker import PARENT_SIGNALS, Scorer, Worker, died_line, worker_main
 
-PARENT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-"""Signals a worker ignores: the parent handles them and closes its workers."""
-
-FAILURE_KINDS = ("raised", "bad_value", "timeout", "worker_died")
-"""Why a scorer failed (module docstring); the keys of `RewardStepReport.failures_by_kind`."""
-
-
-@frozen
-class RewardStepReport:
-    """What the executor did since the previous report."""
-
-    num_scored: int
-    """Outcomes with status "ok"."""
-    num_failed: int
-    """Outcomes with status "error", "nan" or "timeout"."""
-    num_timed_out: int
-    num_errors: int
-    num_nan: int
-    queue_s_mean: float
-    queue_s_max: float
-    latency_s_mean: float
-    num_workers_replaced: int
-    metrics: dict = field(factory=dict)
-    """Mean of each metric a dict-returning scorer reported, over the "ok" outcomes that had it."""
-    failures_by_kind: dict = field(factory=dict)
-    """Failures per kind, every one of `FAILURE_KINDS` (0 when none)."""
-    first_errors: dict = field(factory=dict)
-    """Kind -> the first error of that kind since the previous report (one line)."""
-
-
-def _worker_main(conn, scorer: Scorer, warmup: Callable[[], None] | None) -> None:
-    # Ctrl-C (and a SIGTERM sent to the process group) reaches every process; the parent owns it
-    # and closes its workers, so a worker stays quiet (the parent started it with both blocked;
-    # ignore them, then unblock).
-    for sig in PARENT_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(PARENT_SIGNALS))
-    if warmup is not None:
-        warmup()
-    conn.send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg is None:
-            return
-        job_id, task, entry, response = msg
-        start = time.perf_counter()
-        status, kind, reward, metrics, error = _score(scorer, task, entry, response)
-        conn.send((job_id, status, kind, reward, error, time.perf_counter() - start, metrics))
-
-
-def _score(scorer: Scorer, task: str, entry: Any, response: str) -> tuple[str, str, float, dict, str]:
-    """(status, failure kind or "", reward, metrics, error) of one job, in the worker."""
-    try:
-        result = scorer(task, entry, response)
-    except BaseException as exc:  # noqa: BLE001 - any scorer failure (sys.exit too) is a recorded outcome
-        return "error", "raised", 0.0, {}, raised_line(exc)
-    try:
-        reward, metrics = split_result(result)
-    except (TypeError, ValueError) as exc:
-        return "error", "bad_value", 0.0, {}, f"the scorer returned {_short(result)}: {exc}"[:500]
-    if not math.isfinite(reward):
-        return "nan", "bad_value", 0.0, {}, f"the scorer returned {_short(result)}, not a finite number"
-    return "ok", "", reward, metrics, ""
-
-
-def raised_line(exc: BaseException) -> str:
-    """`Type: message (at file:line in function)`: a traceback's last line and its innermost frame."""
-    line = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
-    frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
-        frame = frames[-1]
-        line += f" (at {frame.filename}:{frame.lineno} in {frame.name})"
-    return line
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def died_line(exitcode: int | None) -> str:
-    """Why a worker process ended mid-job, from its exit code."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            how = f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            how = f"was killed by signal {-exitcode}"
-    else:
-        how = f"exited with code {exitcode}"
-    return f"the reward worker process {how} while scoring (os._exit, a crash in C code, or the OOM killer)"
-
-
-@define(eq=False)
-class _Worker:
-    process: Any
-    conn: Any
-    is_ready: bool = False
-    job: RewardJob | None = None
-    job_submitted: float = 0.0
-    job_started: float = 0.0
-
-
-@define(eq=False)
-class _Stats:
-    ok: int = 0
-    error: int = 0
-    nan: int = 0
-    timeout: int = 0
-    replaced: int = 0
-    kinds: dict[str, int] = field(factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
-    first_errors: dict[str, str] = field(factory=dict)
-    queue_s: list[float] = field(factory=list)
-    latency_s: list[float] = field(factory=list)
-    metric_sums: dict[str, list[float]] = field(factory=dict)
-    """Metric name -> [sum, count] over "ok" outcomes."""
-
-    def add_metrics(self, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
-            if math.isfinite(value):
-                acc = self.metric_sums.setdefault(key, [0.0, 0])
-                acc[0] += value
-                acc[1] += 1
-
-    def metric_means(self) -> dict[str, float]:
-        return {key: total / count for key, (total, count) in sorted(self.metric_sums.items())}
+__all__ = ["ProcessRewardExecutor", "RewardStepReport", "FAILURE_KINDS", "Scorer"]
 
 
 class ProcessRewardExecutor:
@@ -226,11 +96,11 @@ class ProcessRewardExecutor:
         self._cancel: set[str] = set()
         """Request ids whose jobs the dispatcher withdraws."""
         self._out: queue.Queue[RewardOutcome] = queue.Queue()
-        self._stats = _Stats()
+        self._stats = StepStats()
         self._is_closed = False
         self._failure: BaseException | None = None  # why the dispatcher thread died
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
-        self._workers: list[_Worker] = [self._spawn() for _ in range(num_workers)]
+        self._workers: list[Worker] = [self._spawn() for _ in range(num_workers)]
         self._thread = threading.Thread(target=self._dispatch, name="rollpacker-rewards", daemon=True)
         self._thread.start()
 
@@ -296,30 +166,16 @@ class ProcessRewardExecutor:
     def step_report(self) -> RewardStepReport:
         """Counts and latencies since the previous report (then reset)."""
         with self._lock:
-            s, self._stats = self._stats, _Stats()
-        q, lat = s.queue_s, s.latency_s
-        return RewardStepReport(
-            num_scored=s.ok,
-            num_failed=s.error + s.nan + s.timeout,
-            num_timed_out=s.timeout,
-            num_errors=s.error,
-            num_nan=s.nan,
-            queue_s_mean=sum(q) / len(q) if q else 0.0,
-            queue_s_max=max(q) if q else 0.0,
-            latency_s_mean=sum(lat) / len(lat) if lat else 0.0,
-            num_workers_replaced=s.replaced,
-            metrics=s.metric_means(),
-            failures_by_kind=s.kinds,
-            first_errors=s.first_errors,
-        )
+            s, self._stats = self._stats, StepStats()
+        return s.report()
 
     # -- dispatcher thread ------------------------------------------------------------------------
 
-    def _spawn(self) -> _Worker:
+    def _spawn(self) -> Worker:
         try:
             parent, child = self._ctx.Pipe()
             proc = self._ctx.Process(
-                target=_worker_main, args=(child, self._scorer, self._warmup), name="rollpacker-reward", daemon=True
+                target=worker_main, args=(child, self._scorer, self._warmup), name="rollpacker-reward", daemon=True
             )
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(PARENT_SIGNALS))  # inherited through exec
             try:
@@ -329,7 +185,7 @@ class ProcessRewardExecutor:
         except OSError as exc:  # out of processes, memory or file descriptors
             raise RewardExecutorFailed(f"could not start a reward worker process ({exc})") from exc
         child.close()
-        return _Worker(proc, parent)
+        return Worker(proc, parent)
 
     def _dispatch(self) -> None:
         failure = None
@@ -372,7 +228,7 @@ class ProcessRewardExecutor:
             except (OSError, ValueError):  # broken pipe: the worker died
                 self._replace_dead(w)
 
-    def _receive(self, w: _Worker) -> None:
+    def _receive(self, w: Worker) -> None:
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
@@ -386,7 +242,7 @@ class ProcessRewardExecutor:
         if job is not None and job.request_id == job_id:
             self._record(job, w.job_started - w.job_submitted, status, reward, error, latency, metrics, kind)
 
-    def _replace_dead(self, w: _Worker) -> None:
+    def _replace_dead(self, w: Worker) -> None:
         w.process.join(timeout=5)  # reap it, so its exit code is known
         self._replace(w, "error", "worker_died", died_line(w.process.exitcode))
 
@@ -412,7 +268,7 @@ class ProcessRewardExecutor:
             if w.job is not None and now - w.job_started > w.job.deadline_s:
                 self._replace(w, "timeout", "timeout", f"scorer ran past its {w.job.deadline_s:g} s deadline; worker killed")
 
-    def _replace(self, w: _Worker, status: str, kind: str, error: str) -> None:
+    def _replace(self, w: Worker, status: str, kind: str, error: str) -> None:
         """Kill `w`, record its job (if any) as failed, and start a new worker in its place."""
         w.process.kill()
         w.process.join(timeout=5)
@@ -432,13 +288,7 @@ class ProcessRewardExecutor:
         with self._lock:
             if not self._first_outcome(job):
                 return
-            setattr(self._stats, status, getattr(self._stats, status) + 1)
-            if kind:
-                self._stats.kinds[kind] += 1
-                self._stats.first_errors.setdefault(kind, error)
-            self._stats.add_metrics(metrics or {})
-            self._stats.queue_s.append(queue_s)
-            self._stats.latency_s.append(latency)
+            self._stats.count(status, kind, error, metrics or {}, queue_s, latency)
         self._out.put(RewardOutcome(job.request_id, reward, status, latency_s=latency, queue_s=queue_s, error=error,
                                     copy=job.copy))
 
