@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from rollpacker.sim import SimConfig, SimConstants, Simulation
+from rollpacker.sim.metrics import epoch_totals, totals
+
 STEP, ROLLOUT = "step_s_per_batch", "rollout_s_per_batch"
 
 HEADER = ["| policy | whole step s (per P; switch + rollout + reward + exposed train) | vs sync | vs best sync | "
@@ -15,6 +18,29 @@ HEADER = ["| policy | whole step s (per P; switch + rollout + reward + exposed t
           "tokens/s | wasted tok | on-policy tok | lost / dup | pending at end | TP switches | "
           "kept len / sync's kept, / workload mean | kept / launched reward |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def run_totals(config: SimConfig, constants: SimConstants, window: int | None) -> dict:
+    """One run's totals, per P trained: its epochs (`config.epochs`), or `window` steps averaged over
+    whole periods of short + long rounds with the backlog at the window's end."""
+    sim = Simulation(config, constants)
+    result = sim.run()
+    t = result["total"]
+    if window:
+        t = totals(whole_periods(result["steps"])) | {k: t[k] for k in ("lost_prompts", "duplicate_prompts",
+                                                                        "pending_prompts")}
+        t |= epoch_totals(t, config.prompts, 0, 0)
+    t["tp"], t["tps"] = config.tp, sorted({s["tp"] for s in result["steps"]})
+    t["workload_mean_length"] = sim.workload.mean_length()
+    for stage in ("tp_switch_s", "reward_s", "train_exposed_s"):
+        t[stage + "_per_batch"] = t[stage] * config.prompts / t["trained_prompts"]
+    return t
+
+
+def whole_periods(steps: list[dict]) -> list[dict]:
+    """Steps up to and including the last long round (all steps if there is none)."""
+    longs = [i for i, s in enumerate(steps) if s["long_rounds"]]
+    return steps[: longs[-1] + 1] if longs else steps
 
 
 def spread(values: list[float], fmt: str) -> str:

@@ -21,10 +21,9 @@ import time
 import attrs
 import numpy as np
 
-from field_rows import HEADER, ROLLOUT, STEP, backlog, best_sync, med, ratios, row, spread
+from field_rows import HEADER, ROLLOUT, STEP, backlog, best_sync, med, ratios, row, run_totals, spread
 from results_md import write_section
 from rollpacker.sim import PAPER_SETTINGS, SimConfig, SimConstants, Simulation
-from rollpacker.sim.metrics import epoch_totals, totals
 
 BASE = SimConstants()
 SPEC = attrs.evolve(BASE, spec=attrs.evolve(BASE.spec, enabled=True))
@@ -125,12 +124,6 @@ def reading(results: dict) -> str:
     return "\n".join(out)
 
 
-def whole_periods(steps: list[dict]) -> list[dict]:
-    """Steps up to and including the last long round (all steps if there is none)."""
-    longs = [i for i, s in enumerate(steps) if s["long_rounds"]]
-    return steps[: longs[-1] + 1] if longs else steps
-
-
 STAGES = (("whole step", STEP), ("TP switch", "tp_switch_s_per_batch"), ("rollout", ROLLOUT),
           ("reward wait", "reward_s_per_batch"), ("exposed training", "train_exposed_s_per_batch"))
 
@@ -145,18 +138,7 @@ def run(setting: str, workload: str, between: float, label: str, window: int | N
     config = SimConfig(workload=workload, policy=policy, knobs=knobs, prompts=prompts, samples=8,
                        max_tokens=max_tokens, steps=window or 1, epochs=None if window else 1, seed=seed,
                        instances=instances, tp=tp, tp_mode=mode, model=model, between=between, dataset_prompts=DATASET)
-    sim = Simulation(config, constants)
-    result = sim.run()
-    t = result["total"]
-    if window:
-        t = totals(whole_periods(result["steps"])) | {k: t[k] for k in ("lost_prompts", "duplicate_prompts",
-                                                                        "pending_prompts")}
-        t |= epoch_totals(t, prompts, 0, 0)
-    t["tp"], t["tps"] = config.tp, sorted({s["tp"] for s in result["steps"]})
-    t["workload_mean_length"] = sim.workload.mean_length()
-    for stage in ("tp_switch_s", "reward_s", "train_exposed_s"):
-        t[stage + "_per_batch"] = t[stage] * prompts / t["trained_prompts"]
-    return t
+    return run_totals(config, constants, window)
 
 
 def best_static_tp(setting: str, workload: str, between: float, window: int | None) -> int:
