@@ -89,3 +89,12 @@ def test_epoch_cap_refuses_a_run_that_does_not_drain(monkeypatch):
     monkeypatch.setattr("rollpacker.sim.simulation.epoch_step_cap", lambda config, dataset: 2)
     with pytest.raises(ConfigError, match="--epochs 1: not done after 2 steps"):
         Simulation(small(policy="sync", epochs=1)).run()
+
+
+@pytest.mark.parametrize("dataset", [40, 44, 47])
+def test_tail_runs_the_datasets_last_prompts_in_its_long_rounds_not_in_a_small_short_round(dataset):
+    sim = Simulation(small(policy="tail", dataset_prompts=dataset, epochs=1))
+    steps = sim.run()["steps"]
+    short = [s for s in steps if s["short_rounds"]]
+    assert short and all(s["launched_requests"] == 10 * 5 for s in short)  # ceil(1.25 P) prompts x ceil(1.25 R)
+    assert steps[-1]["long_rounds"] and sim.ledger.trained == {PromptKey(0, i) for i in range(dataset)}
