@@ -258,7 +258,8 @@ def measure(window: int | None) -> str:
     """How the runs are measured, for the section's first paragraph."""
     if window is None:
         return (f"the epoch measure: each run trains every prompt of a {DATASET}-prompt dataset exactly once "
-                f"and ends with nothing pending; times per P trained prompts")
+                f"and ends with nothing pending (its last rounds drain every policy's backlog, once an epoch); "
+                f"times per P trained prompts")
     return (f"a fixed window of {window} steps, dataset {DATASET} prompts, means over whole periods of short + long "
             f"rounds; a row that ends the window with a backlog is flagged")
 
