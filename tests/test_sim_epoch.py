@@ -98,3 +98,12 @@ def test_tail_runs_the_datasets_last_prompts_in_its_long_rounds_not_in_a_small_s
     short = [s for s in steps if s["short_rounds"]]
     assert short and all(s["launched_requests"] == 10 * 5 for s in short)  # ceil(1.25 P) prompts x ceil(1.25 R)
     assert steps[-1]["long_rounds"] and sim.ledger.trained == {PromptKey(0, i) for i in range(dataset)}
+
+
+def test_plot_step_past_an_epoch_runs_steps_is_one_line(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    args = ["--policy", "sync", "--epochs", "1", "--prompts", "8", "--samples", "2", "--max-tokens", "2048",
+            "--instances", "1", "--dataset-prompts", "16", "--no-progress", "--json", str(tmp_path / "r.json")]
+    assert main(args + ["--plot", str(tmp_path / "p.png"), "--plot-step", "5"]) == 2
+    assert "--plot-step 5 is outside 0..1" in capsys.readouterr().err
+    assert (tmp_path / "r.json").exists() and not (tmp_path / "p.png").exists()

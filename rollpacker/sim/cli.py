@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
         args.json_out.write_text(text + "\n")
     if args.plot is not None:
         from .plot import plot_run
+        if args.plot_step is not None and args.plot_step >= len(result["steps"]):  # (--epochs: known only now)
+            raise ConfigError(f"--plot-step {args.plot_step} is outside 0..{len(result['steps']) - 1}, the run's "
+                              f"steps (the JSON is written)")
         step = args.plot_step if args.plot_step is not None else max(
             range(len(result["steps"])), key=lambda i: result["steps"][i]["rollout_s"])
         plot_run(result, sim.timelines, step, args.plot)
