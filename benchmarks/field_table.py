@@ -85,8 +85,10 @@ def reading(results: dict) -> str:
     serve = [b for b in blocks if b[0] == "servegen-r1"]
     bimodal = [b for b in blocks if b[0] == "synthetic-bimodal"]
     spec = [r(b, "ours (fixed TP)", "RollPacker tail") for b in blocks]
-    switches = {b: (sum(t["tp_switches"] for t in results[b + (OURS_BEST,)]),
-                    sorted({tp for t in results[b + (OURS_BEST,)] for tp in t["tps"]})) for b in blocks}
+    switches = {b: (sum(t["tp_switches"] - t["tp_switches_later"] for t in results[b + (OURS_BEST,)]),
+                    sum(t["tp_switches_later"] for t in results[b + (OURS_BEST,)]),
+                    sorted({tp for t in results[b + (OURS_BEST,)] for tp in t["tps"]}),
+                    len(results[b + (OURS_BEST,)])) for b in blocks}
     sync_spec = [r(b, "sync + speculation", "sync (veRL)") for b in blocks]
     same = {b: r(b, OURS_BEST, "sync, same engine") for b in blocks}
     beaten = [(b, label) for b in blocks for label in POLICIES
@@ -109,10 +111,12 @@ def reading(results: dict) -> str:
     tp = [r(b, OURS_BEST, "ours (fixed TP)") for b in blocks]
     out.append(f"- Elastic TP: *ours-best* (TP chosen per round by the cost model, `--tp-mode plan`, valid sizes "
                f"only) over *ours (fixed TP)* (the setting's fixed TP), both with speculation: {span(tp)}x.  What the "
-               f"plan did: " + "; ".join(f"{b[2]} ({b[0]}, between {b[1]}): TP{'/'.join(map(str, tps))}, "
-                                          f"{n} switch{'es' if n != 1 else ''} over all seeds"
-                                          for b, (n, tps) in switches.items())
-               + ".  A block with no switch compares one TP against another, not switching; each switch costs "
+               f"plan did (ours-best): " + "; ".join(
+                   f"{b[2]} ({b[0]}, between {b[1]}): rounds at TP{'/'.join(map(str, tps))}; in {runs} runs, {first} "
+                   f"switch{'es' if first != 1 else ''} before the first round (from TP{SETTINGS[b[2]][2]}) and "
+                   f"{later} between rounds" for b, (first, later, tps, runs) in switches.items())
+               + ".  Where no round switches, this compares one static TP against another, not switching; "
+                 "each switch costs "
                  "`engine.tp_switch_s` = 10 s (an assumption), counted in the whole step.")
     out.append(f"- SortedRL throws away {span(waste, '.0%')} of what it generates and trains the shortest answers "
                f"first: the strongest length bias (kept length over sync's in each table).  APRIL partial trains "
