@@ -219,6 +219,20 @@ def test_batcher_refuses_bad_rewards():
         RewardScored(request_id(7), float("inf"))
 
 
+def test_batcher_drops_a_discarded_samples_reward_that_comes_steps_later():
+    # A kept sample whose group is not trained (SortedRL on-policy drops it at the update) may still be
+    # queued or running at its scorer after the next step ends too (hedged, long deadlines): its reward
+    # is dropped whenever it comes, not refused as "never kept".
+    batcher = StreamBatcher()
+    late = Sample(request_id(0), PromptKey(0, 0), 0, (Segment(request_id(0), 5, 0),), "stop")
+    state, _ = batcher.handle(batcher.initial(0), ScoreSample(late))
+    for step in (0, 1):
+        state, out = batcher.handle(state, EndRound(step, "normal", (), _report(step)))
+        assert isinstance(out[-1], StepOptimizer)
+    state, out = batcher.handle(state, RewardScored(request_id(0), 1.0))
+    assert out == [] and late.number not in state.status and not state.rewards
+
+
 def test_bubble_ratio_matches_the_sortedrl_formula():
     # capacity 4: 4 running for 1 s, then 1 running for 3 s -> idle 9 of 16 slot-seconds
     assert bubble_ratio([0.0, 1.0], [4, 1], capacity=4, end=4.0) == pytest.approx(9 / 16)

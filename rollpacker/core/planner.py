@@ -83,12 +83,12 @@ class RoundPlanner:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
 
-    def initial(self, num_prompts: int, seed: int = 0) -> PlannerState:
+    def initial(self, num_prompts: int, seed: int = 0, epochs: int | None = None) -> PlannerState:
         if self.policy.prompts > num_prompts:
             raise ConfigError(
                 f"prompts (P={self.policy.prompts}) is larger than the dataset ({num_prompts} prompts)"
             )
-        return PlannerState(pool=PromptPool(num_prompts=num_prompts, seed=seed))
+        return PlannerState(pool=PromptPool(num_prompts=num_prompts, seed=seed, epochs=epochs))
 
     # -- rounds ----------------------------------------------------------------------------------
 
@@ -96,6 +96,9 @@ class RoundPlanner:
         if state.round is not None:
             raise SchedulerMisuse(f"begin_round: round of step {state.round.step} is still open")
         state, kind, groups = self.policy.open_round(state)
+        if not groups:
+            raise SchedulerMisuse(f"begin_round: nothing to launch, the pool's {state.pool.epochs} epoch(s) are all "
+                                  f"drawn and trained")
         carried_in = sum(group_tokens(g) for g in groups)
         groups = [self._drop_stale(g, state.step) for g in groups]
         wasted = carried_in - sum(group_tokens(g) for g in groups)

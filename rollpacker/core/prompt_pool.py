@@ -3,7 +3,8 @@ its response lengths have been (the `LengthHistory` of length_history.py).
 
 Theory of operation
 -------------------
-The dataset is an endless sequence of epochs; epoch e visits the prompts in a seeded permutation.
+The dataset is an endless sequence of epochs (or `epochs` of them: then `take` draws nothing once
+they are all drawn); epoch e visits the prompts in a seeded permutation.
 A `PromptKey(epoch, index)` is one prompt of one epoch, the unit trained exactly once.  A key is in
 one of four states:
 
@@ -39,7 +40,7 @@ from .errors import ConfigError, SchedulerMisuse
 from .length_history import LengthHistory, LengthPrediction
 from .records import PromptKey
 from .states import Move, PromptStatus, transition
-from .validators import positive
+from .validators import optional_positive, positive
 
 FRESH, IN_FLIGHT, DEFERRED, COMPLETED = PromptStatus
 
@@ -74,6 +75,8 @@ class PromptPool:
     """The long queue, oldest first."""
     in_flight: frozenset[PromptKey] = frozenset()
     history: LengthHistory = field(default=None, eq=False)
+    epochs: int | None = field(default=None, validator=optional_positive)
+    """Most epochs drawn (None: endless); `take` returns fewer keys than asked once they are drawn."""
 
     def __attrs_post_init__(self) -> None:
         if self.history is None:
@@ -95,18 +98,27 @@ class PromptPool:
             return key.epoch < self.epoch
         return bool(_epoch_position(self.num_prompts, self.seed, self.epoch)[key.index] < self.cursor)
 
+    @property
+    def exhausted(self) -> bool:
+        """Nothing fresh is left: every key of the last of `epochs` epochs is drawn, none returned."""
+        return (self.epochs is not None and not self.returned and self.epoch == self.epochs - 1
+                and self.cursor == self.num_prompts)
+
     def predict(self, index: int) -> LengthPrediction:
         return self.history.predict(index)
 
     # -- moves -----------------------------------------------------------------------------------
 
     def take(self, n: int) -> tuple[PromptPool, tuple[PromptKey, ...]]:
-        """Draw `n` fresh keys (returned ones first, then the epoch order, rolling into new epochs)."""
+        """Draw `n` fresh keys (returned ones first, then the epoch order, rolling into new epochs);
+        fewer once the last of `epochs` epochs is drawn."""
         keys = list(self.returned[:n])
         returned = self.returned[len(keys):]
         epoch, cursor = self.epoch, self.cursor
         while len(keys) < n:
             if cursor == self.num_prompts:
+                if self.epochs is not None and epoch + 1 >= self.epochs:
+                    break
                 epoch, cursor = epoch + 1, 0
             order = epoch_order(self.num_prompts, self.seed, epoch)
             stop = min(self.num_prompts, cursor + n - len(keys))
@@ -180,6 +192,7 @@ class PromptPool:
                 deferred=keys("deferred"),
                 in_flight=frozenset(keys("in_flight")),
                 history=LengthHistory.from_dict(data["history"]),
+                epochs=data.get("epochs"),  # absent from checkpoints written before the epoch limit
             )
         except KeyError as exc:
             raise ConfigError(f"prompt pool checkpoint is missing field {exc.args[0]!r}") from None

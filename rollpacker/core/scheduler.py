@@ -43,14 +43,14 @@ _FOR_BATCHER = (ScoreSample, CloseGroup, EndRound)
 class Scheduler:
     def __init__(self, policy: Policy, num_prompts: int, seed: int = 0, batcher: BatcherConfig | None = None,
                  checkpoint: dict | None = None, rewards: RewardConfig | None = None,
-                 tp: TpRule | None = None) -> None:
+                 tp: TpRule | None = None, epochs: int | None = None) -> None:
         self.planner = RoundPlanner(policy)
         self.batcher = StreamBatcher(batcher)
         self.rewards = RewardScheduler(rewards)
         self.reward_state: RewardState = self.rewards.initial()
         """Scoring in flight and T_anchor; a checkpoint keeps T_anchor (a restored step scores its samples again)."""
         if checkpoint is None:
-            self.state: PlannerState = self.planner.initial(num_prompts, seed)
+            self.state: PlannerState = self.planner.initial(num_prompts, seed, epochs)
         else:
             self.state = self.planner.from_dict(checkpoint)
             self.reward_state = attrs.evolve(self.reward_state, anchor=checkpoint.get("reward_anchor"))

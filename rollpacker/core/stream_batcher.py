@@ -183,4 +183,6 @@ class StreamBatcher:
                     rewards = rewards.set(number, state.rewards[number])
             elif current is AWAITING:
                 status = status.set(number, transition(current, StepOptimizer, request_id_of(number)))
+            elif current is DISCARDED:  # discarded in an earlier step, its reward still to come (a queued
+                status = status.set(number, current)  # or long execution): dropped when it comes
         return BatcherState(step=ended.step + 1, status=status, rewards=rewards), commands

@@ -110,7 +110,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=128, help="P: prompts per step")
     p.add_argument("--samples", type=int, default=8, help="R: responses per prompt")
     p.add_argument("--max-tokens", type=int, default=8192, help="L: most new tokens per response")
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5, help="steps run (ignored with --epochs)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="run until every prompt of this many epochs of the dataset is trained exactly once and "
+                        "none is pending (a fair window for every policy; capped, see sim/metrics.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--between", type=float, default=0.9, help="share of log-length variance between prompts")
     p.add_argument("--growth", type=float, default=0.0, help="relative growth of lengths per step")
@@ -173,10 +176,10 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         except ImportError:
             raise ConfigError("--plot needs matplotlib, which is not installed: pip install 'rollpacker[sim]'") from None
     config = SimConfig(workload=args.workload, policy=args.policy, knobs=knobs, prompts=args.prompts,
-                       samples=args.samples, max_tokens=args.max_tokens, steps=args.steps, seed=args.seed,
+                       samples=args.samples, max_tokens=args.max_tokens, steps=args.steps, epochs=args.epochs, seed=args.seed,
                        instances=args.instances, tp=args.tp, tp_mode=args.tp_mode, model=args.model,
                        dataset_prompts=args.dataset_prompts, between=args.between, growth=args.growth)
-    if args.plot_step is not None and not 0 <= args.plot_step < args.steps:
+    if args.plot_step is not None and args.epochs is None and not 0 <= args.plot_step < args.steps:
         raise ConfigError(f"--plot-step {args.plot_step} is outside 0..{args.steps - 1}")
     config.build_policy()  # knob values are checked here, before any work
     return config
@@ -204,13 +207,18 @@ def run(args: argparse.Namespace) -> int:
         args.json_out.write_text(text + "\n")
     if args.plot is not None:
         from .plot import plot_run
+        if args.plot_step is not None and args.plot_step >= len(result["steps"]):  # (--epochs: known only now)
+            raise ConfigError(f"--plot-step {args.plot_step} is outside 0..{len(result['steps']) - 1}, the run's "
+                              f"steps (the JSON is written)")
         step = args.plot_step if args.plot_step is not None else max(
             range(len(result["steps"])), key=lambda i: result["steps"][i]["rollout_s"])
         plot_run(result, sim.timelines, step, args.plot)
     t = result["total"]
     print(f"{config.policy}: {t['steps']} steps, rollout {t['mean_rollout_s']:.1f} s/step "
           f"({t['rollout_over_floor']:.2f}x the floor), bubble {t['bubble_ratio']:.1%}, "
-          f"lost {t['lost_prompts']}, duplicate {t['duplicate_prompts']}", file=sys.stderr)
+          f"lost {t['lost_prompts']}, duplicate {t['duplicate_prompts']}, pending {t['pending_prompts']}"
+          + (f"; epoch {t['epoch_s']:.0f} s, {t['step_s_per_batch']:.1f} s a step per P trained" if config.epochs else ""),
+          file=sys.stderr)
     return 0
 
 
@@ -220,7 +228,7 @@ def _progress_bar(config: SimConfig):
         from tqdm import tqdm
     except ModuleNotFoundError:
         return None
-    return tqdm(total=config.steps, desc=f"simulate {config.policy}", unit="step", file=sys.stderr)
+    return tqdm(total=None if config.epochs else config.steps, desc=f"simulate {config.policy}", unit="step", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

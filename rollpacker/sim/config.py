@@ -29,6 +29,10 @@ class SimConfig:
     samples: int = field(default=8, validator=_positive)
     max_tokens: int = field(default=8192, validator=_positive)
     steps: int = field(default=5, validator=_positive)
+    """Steps run; with `epochs`, ignored (the run ends with the epochs)."""
+    epochs: int | None = field(default=None, validator=optional(_positive))
+    """Run until every prompt of this many epochs of the dataset is trained once and none is pending
+    (the pool draws no further); None: `steps` steps over an endless dataset."""
     seed: int = field(default=0, validator=_seed)
     instances: int = field(default=16, validator=_positive)
     """Rollout instances at the starting TP (GPUs = instances x tp)."""

@@ -133,9 +133,10 @@ class TrainConstants:
     """Assumption: launch, gather and synchronisation cost per micro-batch."""
     optimizer_s: float = field(default=1.0, validator=non_negative_number)
     """Assumption: optimizer step plus weight sync to the rollout engines."""
-    stream: bool = False
-    """Micro-batches may start while the round is still generating (RollPacker's stream trainer on
-    separate GPUs); False: colocated, training waits for the round's end (veRL)."""
+    stream: bool = True
+    """The live driver's stream trainer, for every policy (sync too): a micro-batch trains as soon as
+    its groups are complete and scored, while the round still generates; only the optimizer step
+    waits for the round.  False: training waits for the round's end (veRL's colocated trainer)."""
 
 
 @frozen(kw_only=True)

@@ -141,6 +141,7 @@ def totals(steps: list[dict]) -> dict:
     out = {key: sum(s[key] for s in steps) for key in SUMMED}
     rollout = out["rollout_s"]
     out["steps"] = len(steps)
+    out["tp_switches"] = sum(1 for s in steps if s["tp_switch_s"] > 0)
     out["bubble_ratio"] = sum(s["bubble_ratio"] * s["rollout_s"] for s in steps) / rollout if rollout else 0.0
     out["idle_ratio"] = sum(s["idle_ratio"] * s["rollout_s"] for s in steps) / rollout if rollout else 0.0
     samples = sum(s["kept_tokens"] / s["mean_kept_length"] for s in steps if s["mean_kept_length"])
@@ -157,4 +158,24 @@ def totals(steps: list[dict]) -> dict:
     out["mean_tail_s"] = out["tail_s"] / len(steps) if steps else 0.0
     out.update(bias_means(out))
     out["on_policy_fraction"] = 1.0 - out["offpolicy_tokens"] / out["kept_tokens"] if out["kept_tokens"] else 1.0
+    return out
+
+
+EPOCH_STEP_SLACK = 4
+"""An epoch run may take this many times the steps a sync run takes before it is refused (a safety cap)."""
+
+
+def epoch_step_cap(config, dataset: int) -> int:
+    """Most steps of an `epochs` run: EPOCH_STEP_SLACK x the steps sync needs, plus a few."""
+    return EPOCH_STEP_SLACK * -(-config.epochs * dataset // config.prompts) + 8
+
+
+def epoch_totals(total: dict, prompts: int, epoch_prompts: int, trained_keys: int) -> dict:
+    """Per P trained prompts (a step's worth whatever the policy's rounds): the whole step and the
+    rollout; with epochs, the run's seconds and the epochs' prompts left untrained (0 when done)."""
+    batches = total["trained_prompts"] / prompts
+    out = {"step_s_per_batch": total["step_s"] / batches if batches else 0.0,
+           "rollout_s_per_batch": total["rollout_s"] / batches if batches else 0.0}
+    if epoch_prompts:
+        out |= {"epoch_s": total["step_s"], "untrained_prompts": epoch_prompts - trained_keys}
     return out

@@ -43,7 +43,7 @@ from .config import SimConfig
 from .constants import MODELS, SimConstants
 from .engine import Instance, SimRequest
 from .floor import engine_floor
-from .metrics import StepMeter, totals
+from .metrics import StepMeter, epoch_step_cap, epoch_totals, totals
 from .stages import RewardModel, TrainModel
 from .workloads import MAX_PROMPT_TOKENS, load_workload
 
@@ -71,7 +71,7 @@ class Simulation(NoticeObserver):
         self.sched = Scheduler(self.policy, num_prompts=self.workload.num_prompts, seed=config.seed,
                                batcher=BatcherConfig(),
                                rewards=c.reward.scheduler_config(),
-                               tp=self.tp_rule)
+                               tp=self.tp_rule, epochs=config.epochs)
         self.reward_model = RewardModel(c.reward, config.seed)
         self.train_model = TrainModel(c.train, self.model, config.gpus, c.train.peak_flops)
         self.floor = engine_floor(self.model, c.hardware, config.gpus, c.engine.mem_fraction, self.max_context,
@@ -341,7 +341,7 @@ class Simulation(NoticeObserver):
 
     def run(self, progress=None) -> dict:
         steps = []
-        for _ in range(self.config.steps):
+        while not self._done(len(steps)):
             steps.append(self.run_step())
             if progress is not None:
                 progress.update(1)
@@ -350,4 +350,18 @@ class Simulation(NoticeObserver):
         total["pending_prompts"] = len(pending)
         total["lost_prompts"] = self.ledger.lost(self.launched_keys, pending)
         total["duplicate_prompts"] = self.ledger.duplicates
+        total.update(epoch_totals(total, self.config.prompts, self.workload.num_prompts * (self.config.epochs or 0),
+                                  len(self.ledger.trained)))
         return {"config": self.config.to_dict(), "steps": steps, "total": total}
+
+    def _done(self, steps: int) -> bool:
+        """`steps` steps run; with `epochs`, the pool drawn to its end and nothing pending (refused past a cap)."""
+        if self.config.epochs is None:
+            return steps >= self.config.steps
+        if self.sched.state.pool.exhausted and not self.driver.pending_prompts():
+            return True
+        cap = epoch_step_cap(self.config, self.workload.num_prompts)
+        if steps >= cap:
+            raise ConfigError(f"--epochs {self.config.epochs}: not done after {cap} steps (the cap; "
+                              f"{len(self.driver.pending_prompts())} prompts pending): the policy does not drain")
+        return False

@@ -5,7 +5,9 @@ each.  A prompt is done when R of its responses finished (the first R; the rest 
 round ends when P prompts are done, every request still running is aborted, and the unfinished
 prompts go to the long queue.  Long round: when the queue holds `long_round_at` (default P) prompts,
 the next round takes P of them with exactly R responses each and runs them to max length: no
-over-launch, no abort.  Aborted tokens are discarded, so every trained token is on-policy.
+over-launch, no abort.  Once a finite dataset is all drawn (the pool's `epochs`), its last fresh
+prompts (fewer than a short round launches) join the long queue, which is played whatever its size.
+Aborted tokens are discarded, so every trained token is on-policy.
 
 Knobs beyond the paper:
 - `eta_responses=1.0`, the unbiased mode: a group is all R of its samples or nothing, so a group
@@ -68,7 +70,7 @@ class TailPolicy(PolicyBase):
 
     def open_round(self, state: PlannerState) -> tuple[PlannerState, str, list[Group]]:
         pool = state.pool
-        if len(pool.deferred) >= self.long_trigger:
+        if len(pool.deferred) >= self.long_trigger or (pool.exhausted and pool.deferred):
             pool, keys = pool.take_deferred(self.prompts)
             if self.longest_first:
                 keys = longest_first(keys, pool.history)
@@ -77,6 +79,8 @@ class TailPolicy(PolicyBase):
         keys: list = []
         while len(keys) < want:
             pool, drawn = pool.take(want - len(keys))
+            if not drawn:  # the dataset's last epoch is drawn: a smaller round
+                break
             if self.predict:
                 long = self._predicted_long(pool, drawn)
                 pool = pool.defer(k for k in drawn if k in long)
@@ -85,6 +89,8 @@ class TailPolicy(PolicyBase):
             if len(pool.deferred) >= self.long_trigger:  # enough long prompts: play them now
                 pool = pool.release(keys)
                 return self.open_round(attrs.evolve(state, pool=pool))
+        if keys and len(keys) < want and pool.exhausted:  # the dataset's last prompts: no short round of
+            return self.open_round(attrs.evolve(state, pool=pool.defer(keys)))  # a few, they join the long queue
         groups = self.fresh_groups(tuple(keys), over(self.samples, self.eta_responses))
         return attrs.evolve(state, pool=pool), SHORT, groups
 
