@@ -1,6 +1,7 @@
 """What the core decides reaches the real engine through its commands: each request is sampled with
 the seed of its `LaunchRequest` (the core's `sampling_seed` of the run seed and the request number),
-so the R samples of a GRPO group differ, and a rerun with the same seed samples the same answers.
+so the R samples of a GRPO group differ, and a rerun with the same seed samples the same answers;
+the run's --temperature and --top-p reach every request.
 The real embedded engine and trainer on the tiny model, one sync step of 2 groups of 4."""
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from rollpacker.backends.models import load_model, tiny_random_llama
 from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
 from rollpacker.core import BatcherConfig, Scheduler, make_policy
 from rollpacker.core.records import request_number, sampling_seed
-from rollpacker.driver import StepLoop
+from rollpacker.driver import LoopConfig, StepLoop
 
 RUN_SEED = 7
 R = 4
+TEMPERATURE, TOP_P = 0.8, 0.95
 
 
 def one_step(run_seed: int) -> tuple[dict[str, int], list]:
@@ -30,7 +32,7 @@ def one_step(run_seed: int) -> tuple[dict[str, int], list]:
     trainer = TorchTrainer(TorchTrainerConfig(model_dir=str(tiny), lr=1e-3, seed=0, device="cpu"))
     sched = Scheduler(make_policy("sync", prompts=2, samples=R, max_tokens=8), num_prompts=4, seed=run_seed,
                       batcher=BatcherConfig(token_budget=1))
-    loop = StepLoop(sched, engine, ParityRewards(), trainer, Prompts())
+    loop = StepLoop(sched, engine, ParityRewards(), trainer, Prompts(), LoopConfig(temperature=TEMPERATURE, top_p=TOP_P))
     commanded: dict[str, int] = {}
     launch = loop.live.launch
 
@@ -52,6 +54,7 @@ def test_each_request_samples_with_its_commands_seed_so_a_groups_answers_differ(
     commanded, timeline = one_step(RUN_SEED)
     assert len(timeline) == 2 * R
     assert {i.request_id: i.request.seed for i in timeline} == commanded, "the engine got the command's seed"
+    assert {(i.request.temperature, i.request.top_p) for i in timeline} == {(TEMPERATURE, TOP_P)}, "the run's sampling"
     assert commanded == {rid: sampling_seed(RUN_SEED, request_number(rid)) for rid in commanded}
     groups: dict[int, list] = defaultdict(list)
     for i in timeline:
