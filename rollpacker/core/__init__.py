@@ -41,7 +41,7 @@ from .errors import ConfigError, RollpackerError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, RewardScored, TokensGenerated
 from .length_history import LengthPrediction
 from .metrics import EpochLedger, Occupancy, StepTimes, bubble_ratio, step_record
-from .planner import Policy
+from .policy import Policy
 from .policies import (
     Knob,
     POLICIES,

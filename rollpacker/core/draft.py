@@ -5,19 +5,16 @@ frozen back into the next immutable `PlannerState` (core/planner.py: `RoundPlann
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from attrs import define, field
 from immutables import Map
 
 from .commands import AbortRequest, CloseGroup, Command, LaunchRequest, ScoreSample
 from .events import Event, RequestAborted, RequestFinished
+from .policy import Policy
 from .records import Sample, Segment, replace, request_id, sampling_seed
 from .round_state import Cons, Group, PlannerState, RequestRecord, RoundState, cons_iter
 from .states import GroupState, Move, RequestState, RoundPhase, transition
-
-if TYPE_CHECKING:
-    from .planner import Policy
 
 
 def segments_tokens(segments: Iterable[Segment]) -> int:

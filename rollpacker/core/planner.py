@@ -32,46 +32,17 @@ exactly the prompts whose groups it reports as trained.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from immutables import Map
 
 from .commands import Command, EndRound, RoundReport
 from .draft import Draft, group_tokens
 from .errors import ConfigError, SchedulerMisuse
 from .events import Event, RequestAborted, RequestFinished, TokensGenerated
+from .policy import Policy
 from .prompt_pool import PromptPool
 from .records import replace, request_number
 from .round_state import Group, PlannerState, RoundState, Tally, cons_iter
 from .states import transition
-
-
-class Policy(Protocol):
-    """What a planner policy decides; the transitions themselves live in `RoundPlanner`."""
-
-    name: str
-    prompts: int
-    samples: int
-    max_tokens: int
-    capacity: int | None
-    """Most requests running at once (None: launch the whole round at once)."""
-    carries: bool
-    """Unfinished work (kept samples, partial responses) is carried to the next round."""
-    max_staleness: int
-    """Most policy versions a trained token may lag (0: strictly on-policy)."""
-
-    def open_round(self, state: PlannerState) -> tuple[PlannerState, str, list[Group]]:
-        """Draw this round's groups (with `pending` launches) from the pool; return the new state
-        and the round kind."""
-
-    def close_round(self, state: PlannerState, kind: str, incomplete: list[Group]) -> PlannerState:
-        """Put the prompts of groups that did not complete where they belong."""
-
-    def defer_point(self, kind: str, target: int) -> int | None:
-        """Completed groups at which `to_defer` is asked, once per round (None: never)."""
-
-    def to_defer(self, live: list[tuple[int, Group]], need: int, history, clock: int) -> tuple[int, ...]:
-        """Slots of live groups to abort now and leave incomplete (close_round places them)."""
 
 
 class RoundPlanner:
