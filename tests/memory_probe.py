@@ -77,7 +77,7 @@ def main(spec: dict) -> dict:
                             kv_tokens_per_row=plan.kv_tokens_per_row, spec_max_rows=0)
     engine.submit([GenerationRequest(f"r{i}", tuple(range(3, 3 + prompt)), max_tokens, temperature=0.0)
                    for i in range(spec["capacity"])])
-    while len(engine._batch.rows) < spec["capacity"]:  # every row admitted: the KV cache is allocated
+    while len(engine._batch.scheduler.running) < spec["capacity"]:  # every row admitted: the KV cache is allocated
         time.sleep(0.05)
     engine.pause()  # held, not decoding: the trainer has the cores
     trainer = TorchTrainer(TorchTrainerConfig(model_dir=spec["model"], dtype=spec["dtype"], device=device, lr=1e-5,
