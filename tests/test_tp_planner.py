@@ -156,3 +156,52 @@ def test_no_plan_ever_names_an_invalid_tp(model, gpus, lengths, mem_fraction):
         return
     for tp in [choice.tp] + [tp for tp, _ in choice.options]:
         assert model.heads % tp == 0 and model.kv_heads % tp == 0 and gpus % tp == 0 and tp <= H100.gpus_per_node
+
+
+@given(st.lists(st.integers(1, 32000), min_size=1, max_size=64), st.sampled_from([1, 2, 4]),
+       st.floats(0, 600, allow_nan=False))
+def test_the_plan_switches_only_when_the_round_saves_more_than_the_switch_costs(lengths, current, switch_s):
+    """The running TP pays nothing, every other TP pays `switch_s`: the plan leaves `current` only for
+    a TP whose predicted makespan beats current's by more than the switch."""
+    args = (MODELS["qwen2.5-7b"], H100, 64, 0.85, lengths, 500, 34816)
+    free = dict(plan_tp(*args).options)
+    choice = plan_tp(*args, current=current, switch_s=switch_s)
+    assert dict(choice.options) == {tp: m + (0.0 if tp == current else switch_s) for tp, m in free.items()}
+    if choice.tp != current:
+        assert free[choice.tp] + switch_s <= free[current]
+    else:
+        assert all(free[current] <= m + switch_s for m in free.values())
+
+
+def test_a_switch_that_costs_more_than_the_round_saves_is_not_made():
+    """A long 32k round on Qwen2.5-7B runs best at TP4 (the test above); from TP1 a switch that costs
+    more than the whole gain keeps TP1, and without a cost the plan moves."""
+    long = np.full(64, 32000.0)
+    free = dict(plan_tp(MODELS["qwen2.5-7b"], H100, 64, 0.85, long, 500, 34816).options)
+    gain = free[1] - free[4]
+    assert gain > 0
+    assert plan_tp(MODELS["qwen2.5-7b"], H100, 64, 0.85, long, 500, 34816, current=1, switch_s=gain * 1.01).tp == 1
+    assert plan_tp(MODELS["qwen2.5-7b"], H100, 64, 0.85, long, 500, 34816, current=1, switch_s=gain * 0.5).tp == 4
+
+
+def test_the_schedulers_plan_rule_counts_the_switch_from_the_running_tp():
+    """The Scheduler asks its rule with the TP it runs: a switch dearer than any round keeps the
+    starting TP (when it is feasible), a free one moves off it."""
+    def first_tp(switch_s: float) -> int:
+        rule = TpRule(mode="plan", tp=1, model=MODELS["qwen2.5-7b"], hardware=H100, gpus=64, mem_fraction=0.85,
+                      max_context=34816, prompt_tokens=(500,) * 64, unseen_length=32000.0, switch_s=switch_s)
+        sched = Scheduler(make_policy("sync", prompts=8, samples=8, max_tokens=32768), num_prompts=64, tp=rule)
+        first = sched.begin_round()
+        return first[0].tp if isinstance(first[0], SetTensorParallel) else sched.tp
+    assert first_tp(0.0) == 4
+    assert first_tp(1e9) == 1
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "10"])
+def test_a_bad_switch_cost_is_refused_naming_it(bad):
+    with pytest.raises(ConfigError, match="switch_s"):
+        TpRule(mode="plan", tp=1, model=MODELS["qwen2.5-7b"], hardware=H100, gpus=64, mem_fraction=0.85,
+               max_context=34816, prompt_tokens=(500,), unseen_length=100.0, switch_s=bad)
+    if isinstance(bad, float):
+        with pytest.raises(ConfigError, match="switch_s"):
+            plan_tp(MODELS["qwen2.5-7b"], H100, 64, 0.85, [100], 500, 34816, switch_s=bad)

@@ -80,7 +80,8 @@ class Scheduler:
     def _with_tp(self, commands: list[Command]) -> list[Command]:
         if self.tp_rule is None:
             return commands
-        tp = self.tp_rule.choose(self.tp_state, self.state.pool, [c for c in commands if isinstance(c, LaunchRequest)])
+        tp = self.tp_rule.choose(self.tp_state, self.state.pool, [c for c in commands if isinstance(c, LaunchRequest)],
+                                 current=self.tp)
         if tp == self.tp:
             return commands
         self.tp = tp

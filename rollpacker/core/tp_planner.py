@@ -8,7 +8,9 @@ node and divides the GPU count (`valid_tps`); no rule below ever names another s
 
 `plan_tp` (model-based).  For each valid TP in `candidates` that leaves a KV pool that holds one
 full request, predict the round's makespan with the cost model
-(cost_model.py) and pick the smallest.  The prediction balances the round's requests over the
+(cost_model.py), add the switch's seconds to every TP but the running one, and pick the smallest
+(greedy per round: a switch is charged to the round that makes it, not spread over the rounds that
+might keep it).  The prediction balances the round's requests over the
 instances (longest first, round robin), then integrates the decode step time of the busiest
 instance over its steps k = 0..max length:
 
@@ -39,6 +41,7 @@ from attrs.validators import in_
 from .cost_model import CostModel, Hardware, ModelShape
 from .errors import ConfigError
 from .prompt_pool import PromptPool
+from .validators import non_negative_number
 
 CANDIDATES = (1, 2, 4, 8)
 
@@ -48,9 +51,9 @@ class TpChoice:
     tp: int
     instances: int
     makespan_s: float
-    """Predicted makespan of the round at this TP."""
+    """Predicted makespan of the round at this TP, its switch included."""
     options: tuple[tuple[int, float], ...]
-    """(tp, predicted makespan) of every feasible candidate."""
+    """(tp, predicted makespan with its switch) of every feasible candidate."""
 
 
 def predict_makespan(cost: CostModel, lengths: np.ndarray, prompt_tokens: float, instances: int,
@@ -104,8 +107,12 @@ def feasible_tps(model: ModelShape, hardware: Hardware, gpus: int, mem_fraction:
 
 
 def plan_tp(model: ModelShape, hardware: Hardware, gpus: int, mem_fraction: float, lengths,
-            prompt_tokens: float, max_context: int, candidates: tuple[int, ...] = CANDIDATES) -> TpChoice:
-    """The TP (and instance count gpus / TP) with the smallest predicted makespan."""
+            prompt_tokens: float, max_context: int, candidates: tuple[int, ...] = CANDIDATES,
+            current: int | None = None, switch_s: float = 0.0) -> TpChoice:
+    """The TP (and instance count gpus / TP) with the smallest predicted makespan, `switch_s` added to
+    every TP but the `current` one (None: no rollout yet, every TP pays it)."""
+    if not 0 <= switch_s < float("inf"):
+        raise ConfigError(f"switch_s must be a finite number >= 0, got {switch_s!r}")
     tps = feasible_tps(model, hardware, gpus, mem_fraction, max_context, candidates)
     if not tps:
         raise ConfigError(
@@ -116,7 +123,8 @@ def plan_tp(model: ModelShape, hardware: Hardware, gpus: int, mem_fraction: floa
     options = []
     for tp in tps:
         cost = CostModel(model=model, hardware=hardware, tp=tp, mem_fraction=mem_fraction)
-        options.append((tp, predict_makespan(cost, lengths, prompt_tokens, gpus // tp)))
+        switch = 0.0 if tp == current else switch_s
+        options.append((tp, switch + predict_makespan(cost, lengths, prompt_tokens, gpus // tp)))
     tp, makespan = min(options, key=lambda o: (o[1], o[0]))
     return TpChoice(tp, gpus // tp, makespan, tuple(options))
 
@@ -176,6 +184,9 @@ class TpRule:
     """Prompt length of every dataset prompt, by index."""
     unseen_length: float
     """Predicted response length of a prompt with no history yet."""
+    switch_s: float = field(default=0.0, validator=non_negative_number)
+    """Seconds a change of TP costs the step (stopping and restarting the engines): "plan" counts it
+    against every TP but the one running."""
 
     def __attrs_post_init__(self) -> None:
         check_tp(self.model, self.hardware, self.gpus, self.tp)
@@ -187,8 +198,8 @@ class TpRule:
         tps = self.feasible() or [self.tp]
         return OnlineTP(tp=self.tp, max_tp=max(tps), min_tp=min(tps))
 
-    def choose(self, online: OnlineTP, pool: PromptPool, launches) -> int:
-        """The TP for a round that launches `launches` (LaunchRequests)."""
+    def choose(self, online: OnlineTP, pool: PromptPool, launches, current: int | None = None) -> int:
+        """The TP for a round that launches `launches` (LaunchRequests), the rollout now at `current`."""
         if self.mode == "online":
             return online.tp
         if self.mode == "fixed":
@@ -199,4 +210,4 @@ class TpRule:
             lengths.append(min(float(pred.median if pred.count else self.unseen_length), cmd.max_new_tokens))
         prompt = sum(self.prompt_tokens[c.prompt.index] for c in launches) / max(len(launches), 1)
         return plan_tp(self.model, self.hardware, self.gpus, self.mem_fraction, lengths, prompt, self.max_context,
-                       candidates=tuple(self.feasible())).tp
+                       candidates=tuple(self.feasible()), current=current, switch_s=self.switch_s).tp

@@ -78,7 +78,9 @@ class EngineConstants:
     admit_watermark: float = field(default=0.01, validator=probability)
     """Share of the KV pool kept free when admitting: vLLM's watermark default (1%)."""
     tp_switch_s: float = field(default=10.0, validator=non_negative_number)
-    """Assumption: re-sharding weights and restarting engines when TP changes between rounds."""
+    """Assumption: re-sharding weights and restarting engines when TP changes between rounds.  Charged to
+    the step that switches, and counted by `--tp-mode plan` when it chooses (a switch is made only when
+    the round's predicted makespan gains more)."""
 
 
 @frozen(kw_only=True)
