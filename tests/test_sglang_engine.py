@@ -7,6 +7,7 @@ module's servers)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from pathlib import Path
@@ -38,6 +39,32 @@ def servers(kind, model):
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return json.loads(resp.read())
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a server's process group (`launch_servers` starts each server in a session of its own;
+    SGLang's scheduler and detokenizer processes are in it), from /proc."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pid:  # pgrp
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_server_leaves_the_cpu_to_the_trainer(servers):
+    """Between rounds (the trainer's time on the same machine) a server waits on its sockets: on a
+    CPU `launch_servers` starts SGLang with `--sleep-on-idle`; without it each server's scheduler spins
+    a core at ~90% (the trainer's steps ran at about half speed beside two of them)."""
+    time.sleep(1.0)  # whatever the previous test left running ends
+    before = [cpu_seconds(s.process.pid) for s in servers.servers]
+    time.sleep(4.0)
+    used = [cpu_seconds(s.process.pid) - b for s, b in zip(servers.servers, before)]
+    assert all(u < 0.8 for u in used), f"CPU seconds per server over 4 idle seconds: {used}"
 
 
 @pytest.fixture
