@@ -156,7 +156,7 @@ no prefill): no policy, TP rule or batch beats it.  *Bubble* = SortedRL's ratio 
 running requests; *GPU idle* = share of instance-time with nothing running.  *Kept / generated mean
 len* shows the group length bias (tail keeps the first R of 1.25R responses).  *tail+predict* equals *tail*
 under the epoch measure: within one epoch no prompt has been seen before, so it has no length history to
-predict from (the field table's fixed windows over several epochs show what prediction adds).
+predict from (prediction needs prompts seen in an earlier epoch).
 
 Targets:
 {chr(10).join(verdicts(results))}
