@@ -24,7 +24,9 @@ Theory of operation
     groups are at most the prompts the core holds pending after a step (tail batching: the long
     queue, fewer than P x eta_prompts prompts), plus `max_groups` idle ones;
     a group holds its members' token lists (R x (prompt + response) ids) and, once a propose in
-    the group indexed them, (ngram - min_ngram + 1) index entries per token.  Drafts made from text
+    the group indexed them, (ngram - min_ngram + 1) index entries per token: measured (CPython, R = 8
+    members of 4,000 random tokens, no n-gram repeated: the worst case) 37 bytes a token for the
+    lists and 344 more once indexed.  Drafts made from text
     generated under older weights stay valid after a weight update: a draft is only a proposal,
     the current model's verification decides every emitted token.
 """
