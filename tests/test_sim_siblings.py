@@ -6,7 +6,7 @@ a deferred prompt's long round that drafts from the short round that deferred it
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sim_invariants import CheckedSimulation, check_run
 from test_sim_speculation import with_spec
@@ -40,6 +40,7 @@ class Reference:
         self.launched, self.finished = {}, {}
 
 
+@settings(max_examples=150, deadline=None)
 @given(OPS, st.integers(1, 8))
 def test_share_counts_complete_texts_capped_and_carried_until_trained(ops, samples):
     sims = {carry: SiblingTexts(samples, carry) for carry in (False, True)}
