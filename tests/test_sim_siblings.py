@@ -13,6 +13,7 @@ from test_sim_speculation import with_spec
 
 from rollpacker.core.records import PromptKey
 from rollpacker.sim import SimConfig, SimConstants
+from rollpacker.sim.cli import constants_from
 from rollpacker.sim.siblings import SiblingTexts
 from rollpacker.sim.speculation import SpecConstants
 
@@ -74,9 +75,9 @@ def test_share_counts_complete_texts_capped_and_carried_until_trained(ops, sampl
             assert 0.0 <= off <= on <= 1.0
 
 
-def test_spec_carry_drafts_is_on_by_default_and_a_bool():
-    assert SpecConstants().carry_drafts is True
-    assert SimConstants().spec.carry_drafts is True
+def test_spec_carry_drafts_is_on_by_default_and_set_off_by_name():
+    assert SpecConstants().carry_drafts is True and SimConstants().spec.carry_drafts is True
+    assert constants_from(["spec.carry_drafts=off"]).spec.carry_drafts is False
 
 
 def long_rounds_s(carry: bool) -> list[float]:
