@@ -2,23 +2,30 @@
 the headline setting (servegen-r1 32k, 64 x Qwen2.5-7B, P=128 R=8, speculation, TP per round) set
 against its floor and against its longest request decoded alone on one instance of the same TP.
 
-    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--print]
+    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--print]
 
 The floor (rollpacker/sim/floor.py) is the path bound: the longest response x one lone request's
 fastest time per token (no context term, speculation at its best measured acceptance).  The longest
 request alone (the simulator's own instance model, a fresh instance of the round's TP, the workload's
-median prompt) is decoded three ways: with speculation drafting from siblings that all finished (the
-best acceptance: what the floor assumes), with no sibling finished (the drafter copies only the
-request's own text), and without speculation.  So the round's distance from its floor splits into:
+median prompt) is decoded four ways: with speculation drafting from siblings that all finished (the
+best acceptance: what the floor assumes), with the share its prompt's carried texts give it at its
+launch (`spec.carry_drafts`: the complete responses of the short round that deferred the prompt;
+0 with the knob off), with no sibling finished (the drafter copies only the request's own text),
+and without speculation.  So the round's distance from its floor splits into:
 
-    context      alone, best drafts / floor          the attention over a growing context, and prefill
-    drafts       alone, no sibling / alone, best      a long round's siblings are long too: few drafts
-    sharing      round / alone, no sibling            rows beside it keep speculation off (it runs only
-                                                      at <= spec.max_rows rows an instance) and slow
-                                                      each step
+    context      alone, best drafts / floor            the attention over a growing context, and prefill
+    drafts       alone, carried drafts / alone, best   a long round's siblings are long too: few drafts
+                                                       beyond what the deferring short round left
+    sharing      round / alone, carried drafts         rows beside it keep speculation off (it runs only
+                                                       at <= spec.max_rows rows an instance) and slow
+                                                       each step
+    (carried     alone, no sibling / alone, carried    what the deferring round's texts save: the
+                                                       drafts factor with the knob off over with it on)
 
-Only the round's measured time and the floor come from the run; the alone times are the instance model
-evaluated outside it.  Writes the `## Long round against its floor` section of RESULTS.md.
+Only the round's measured time, the floor and the carried share come from the run; the alone times
+are the instance model evaluated outside it.  `--carry-drafts both` (the default) runs every seed
+with the knob on (the table) and off (one line of medians).  Writes the `## Long round against its
+floor` section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -32,12 +39,13 @@ from results_md import write_section
 from rollpacker.core.cost_model import CostModel
 from rollpacker.sim import SimConfig, SimConstants, Simulation
 from rollpacker.sim.engine import Instance, SimRequest
+from rollpacker.sim.speculation import measured_table
 
 BASE = SimConstants()
 SPEC = attrs.evolve(BASE, spec=attrs.evolve(BASE.spec, enabled=True))
 HEADLINE = dict(workload="servegen-r1", policy="tail", prompts=128, samples=8, max_tokens=32768, steps=12,
                 instances=64, tp=1, tp_mode="plan", model="qwen2.5-7b", between=0.9, dataset_prompts=512)
-COLUMNS = ("round_s", "floor_s", "alone_best_s", "alone_cold_s", "alone_nospec_s")
+COLUMNS = ("round_s", "floor_s", "alone_best_s", "alone_carried_s", "alone_cold_s", "alone_nospec_s")
 
 
 def alone_s(cost: CostModel, constants: SimConstants, prompt: int, length: int, share: float) -> float:
@@ -51,60 +59,112 @@ def alone_s(cost: CostModel, constants: SimConstants, prompt: int, length: int, 
     return inst.next_event_time()
 
 
-def long_rounds(seed: int) -> list[dict]:
+class LaunchShares(Simulation):
+    """Notes each step's launches: (new tokens, finished-sibling share at launch), the share being
+    what the prompt's carried texts give it before any sibling of this round finished."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.launches: list[list[tuple[int, float]]] = []
+
+    def begin_step(self, notice) -> None:
+        super().begin_step(notice)
+        self.launches.append([])
+
+    def _launch(self, cmd) -> None:
+        super()._launch(cmd)
+        self.launches[-1].append((self.live[cmd.request_id].target, self.siblings.share(cmd.request_id)))
+
+
+def long_rounds(seed: int, carry: bool = True) -> list[dict]:
     """Each long round of one seed: its measured time, its floor and its longest request's alone times."""
-    sim = Simulation(SimConfig(seed=seed, **HEADLINE), SPEC)
+    constants = attrs.evolve(SPEC, spec=attrs.evolve(SPEC.spec, carry_drafts=carry))
+    sim = LaunchShares(SimConfig(seed=seed, **HEADLINE), constants)
     result = sim.run()
     prompt = int(statistics.median(sim.workload.prompt_tokens(i) for i in range(HEADLINE["dataset_prompts"])))
     rounds = []
-    for step in result["steps"]:
+    for step, launches in zip(result["steps"], sim.launches):
         if step["round"] != "long":
             continue
         cost = CostModel(model=sim.model, hardware=SPEC.hardware, tp=step["tp"], mem_fraction=SPEC.engine.mem_fraction)
         n = step["longest_request"]
-        rounds.append({"seed": seed, "step": step["step"], "tp": step["tp"], "longest": n, "round_s": step["rollout_s"],
-                       "floor_s": step["floor_s"], "alone_best_s": alone_s(cost, SPEC, prompt, n, 1.0),
+        carried = max(launches)[1]  # the longest request's share at its launch
+        rounds.append({"seed": seed, "step": step["step"], "tp": step["tp"], "longest": n, "carried": carried,
+                       "carried_any": sum(share > 0 for _, share in launches) / len(launches),
+                       "round_s": step["rollout_s"], "floor_s": step["floor_s"],
+                       "alone_best_s": alone_s(cost, SPEC, prompt, n, 1.0),
+                       "alone_carried_s": alone_s(cost, SPEC, prompt, n, carried),
                        "alone_cold_s": alone_s(cost, SPEC, prompt, n, 0.0),
                        "alone_nospec_s": alone_s(cost, BASE, prompt, n, 0.0)})
     return rounds
 
 
-def report(rounds: list[dict], seeds: list[int]) -> str:
+def _ratio(rounds: list[dict], a: str, b: str) -> float:
+    return statistics.median(r[a] / r[b] for r in rounds)
+
+
+def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, carry: bool = True) -> str:
+    """The section: the table of `rounds` (spec.carry_drafts = `carry`), its factors, and `off`'s medians."""
+    table = measured_table()
     med = {k: statistics.median(r[k] for r in rounds) for k in COLUMNS}
-    ratio = lambda a, b: statistics.median(r[a] / r[b] for r in rounds)  # noqa: E731
+    ratio = lambda a, b: _ratio(rounds, a, b)  # noqa: E731
+    knob = ("on: a deferred prompt's long round drafts from the complete responses of the short round that "
+            "deferred it" if carry else "off")
     lines = [f"Command: `.venv/bin/python benchmarks/long_round.py --seeds {','.join(map(str, seeds))}` (simulator; "
              f"ours-best: tail + speculation + TP per round, servegen-r1 32k, 64 x Qwen2.5-7B, P=128 R=8, 12 steps a "
-             f"seed; {len(rounds)} long rounds).", "",
-             "| seed | step | TP | longest response | round s | floor s | alone, best drafts s | alone, no sibling s "
-             "| alone, no speculation s | round / floor |", "|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['seed']} | {r['step']} | {r['tp']} | {r['longest']} | {r['round_s']:.1f} | {r['floor_s']:.1f} | "
-              f"{r['alone_best_s']:.1f} | {r['alone_cold_s']:.1f} | {r['alone_nospec_s']:.1f} | "
-              f"{r['round_s'] / r['floor_s']:.2f} |" for r in rounds]
+             f"seed; {len(rounds)} long rounds; `spec.carry_drafts` {knob}).", "",
+             "| seed | step | TP | longest response | carried share | round s | floor s | alone, best drafts s "
+             "| alone, carried drafts s | alone, no sibling s | alone, no speculation s | round / floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['seed']} | {r['step']} | {r['tp']} | {r['longest']} | {r['carried']:.2f} | {r['round_s']:.1f} | "
+              f"{r['floor_s']:.1f} | {r['alone_best_s']:.1f} | {r['alone_carried_s']:.1f} | {r['alone_cold_s']:.1f} | "
+              f"{r['alone_nospec_s']:.1f} | {r['round_s'] / r['floor_s']:.2f} |" for r in rounds]
     lines += ["", f"Medians over the long rounds: round {med['round_s']:.1f} s, floor {med['floor_s']:.1f} s, round / floor "
               f"{ratio('round_s', 'floor_s'):.2f}.  The gap, factor by factor (medians of the per-round ratios):", "",
               f"- context (alone with the best drafts / floor): {ratio('alone_best_s', 'floor_s'):.2f}x;",
-              f"- drafts (alone with no sibling finished / alone with the best drafts): "
-              f"{ratio('alone_cold_s', 'alone_best_s'):.2f}x;",
-              f"- sharing (the round / alone with no sibling finished): {ratio('round_s', 'alone_cold_s'):.2f}x;",
+              f"- drafts (alone with the carried drafts / alone with the best drafts): "
+              f"{ratio('alone_carried_s', 'alone_best_s'):.2f}x;",
+              f"- sharing (the round / alone with the carried drafts): {ratio('round_s', 'alone_carried_s'):.2f}x;",
+              f"- carried drafts, saved (alone with no sibling finished / alone with the carried drafts): "
+              f"{ratio('alone_cold_s', 'alone_carried_s'):.2f}x;",
               f"- for scale: alone without speculation / the round: {ratio('alone_nospec_s', 'round_s'):.2f}x.", "",
-              "Reading: a long round lasts about as long as its longest request decoded alone without speculation. "
+              f"Carried texts at launch: {statistics.median(r['carried_any'] for r in rounds):.0%} of a long round's "
+              f"requests start with a carried share above 0 (median over the rounds); the longest request's prompt "
+              f"does in {sum(r['carried'] > 0 for r in rounds)} of {len(rounds)} long rounds."]
+    if off:
+        lines += ["", f"With `--set spec.carry_drafts=false` (only this round's siblings draft; same seeds, "
+                  f"{len(off)} long rounds): round {statistics.median(r['round_s'] for r in off):.1f} s, round / floor "
+                  f"{_ratio(off, 'round_s', 'floor_s'):.2f}; carried drafts make the long round "
+                  f"{statistics.median(r['round_s'] for r in off) / med['round_s']:.3f}x faster (medians)."]
+    lines += ["", "Reading: a long round lasts about as long as its longest request decoded alone without speculation. "
               "Its longest request's siblings are long too, so drafts are few while it runs, and the rows beside it "
               "keep speculation off (it runs at <= 4 rows an instance) for most of the round.  The context term is "
-              "small.  What would close the gap is in how that one request is decoded: drafts for it early (from its "
-              "siblings' responses in the short round that deferred it), and speculation at more rows where "
+              "small.  The short round that deferred a prompt left some complete siblings for most prompts (the "
+              "carried share), but the longest request's prompt is the one whose siblings are all long: it rarely "
+              "finished any in the short round; and carried texts matter only where speculation runs (<= 4 rows an "
+              "instance: the round's last requests, these long ones), so the round's end rarely drafts from them.  "
+              "Drafting from them from the first token is the carried-drafts factor, bounded by the measured "
+              f"acceptance ({table.accepted(0.0):.2f} accepted drafts per verify with no sibling finished, "
+              f"{table.accepted(1.0):.2f} with all: at most the no-sibling / best-drafts ratio on the longest request "
+              "alone).  What is left is the sharing factor: speculation at more rows where "
               "acceptance pays for it.  Caveat: the acceptance is the simulator's (sim/speculation.py), measured on "
-              "64 answers of a 135M model; at 7B and 32k it is an assumption, so the drafts factor is too."]
+              "64 answers of a 135M model; at 7B and 32k it is an assumption, so the drafts factors are too, and "
+              "a text of an older policy is assumed to draft as well as this round's."]
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--carry-drafts", choices=("both", "on", "off"), default="both",
+                    help="spec.carry_drafts for the table (both: on, plus a line of medians with it off)")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing RESULTS.md")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    rounds = [r for seed in seeds for r in long_rounds(seed)]
-    text = report(rounds, seeds)
+    carry = args.carry_drafts != "off"
+    rounds = [r for seed in seeds for r in long_rounds(seed, carry)]
+    off = [r for seed in seeds for r in long_rounds(seed, False)] if args.carry_drafts == "both" else None
+    text = report(rounds, seeds, off, carry)
     print(text)
     if not args.print:
         write_section("Long round against its floor (issue 34, item 3)", text)

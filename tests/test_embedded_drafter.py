@@ -86,3 +86,47 @@ def test_incremental_indexing_equals_scratch(steps, k):
                 seqs[o][p - n : p] == seqs[sid][-n:] for o in "ab" for p in range(n, len(seqs[o]))))
             assert any(seqs[o][p - n : p] == seqs[sid][-n:] and seqs[o][p : p + k] == got
                        for o in "ab" for p in range(n, len(seqs[o])))
+
+
+def test_kept_groups_outlive_the_churn_and_a_dropped_one_goes_first():
+    d = Drafter(ngram=2, max_groups=2)
+    d.track("d", "deferred", PROMPT + [7, 8], len(PROMPT))
+    d.release("d")
+    d.keep({"deferred"})
+    for g in range(5):  # more idle groups than max_groups run in between
+        d.track(f"r{g}", g, PROMPT + [g, g], len(PROMPT))
+        d.release(f"r{g}")
+    assert d.num_groups == 3  # the 2 newest idle ones and the kept one
+    d.track("long", "deferred", PROMPT + [7], len(PROMPT))
+    assert d.propose("long", 1) == [8], "the deferred prompt's next round drafts from its text"
+    d.release("long")
+    d.keep(set())  # trained: the least recently used idle group now, the first out (at once: 2 are idle)
+    assert d.num_groups == 2
+    d.track("again", "deferred", PROMPT + [7], len(PROMPT))
+    assert d.propose("again", 1) == []
+
+
+def _remembered(d: Drafter, group: int) -> bool:
+    """Whether `group` is still a source: a probe continuing its members' text gets a draft."""
+    d.track(f"probe{group}", group, PROMPT + [group], len(PROMPT))
+    return d.propose(f"probe{group}", 1) != []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 6), st.frozensets(st.integers(0, 6), max_size=3)),
+                max_size=30),
+       st.integers(0, 3))
+def test_kept_groups_are_never_evicted_and_the_rest_stays_bounded(ops, max_groups):
+    d = Drafter(ngram=2, max_groups=max_groups)
+    kept, seen, fresh = frozenset(), set(), set()  # fresh: tracked since the last keep
+    for n, (is_keep, group, groups) in enumerate(ops):
+        if is_keep:
+            d.keep(groups)
+            kept, fresh = groups, set()
+        else:
+            d.track(f"r{n}", group, PROMPT + [group, 100 + n], len(PROMPT))
+            d.release(f"r{n}")
+            seen.add(group)
+            fresh.add(group)
+        assert d.num_groups <= max_groups + len(kept & seen)
+    assert all(_remembered(d, g) for g in kept & fresh)

@@ -9,6 +9,13 @@ from attrs import frozen
 from .records import PromptKey, Sample, Segment
 
 
+def sibling_group(prompt: PromptKey) -> str:
+    """The engine's sibling group (`GenerationRequest.group`) of every request of `prompt`, in any
+    epoch and any round: their responses are siblings, which an engine may use as speculative
+    drafts for each other."""
+    return f"p{prompt.index}"
+
+
 @frozen
 class LaunchRequest:
     """Start generating one sample of `prompt` under policy `policy_version`.
@@ -29,9 +36,8 @@ class LaunchRequest:
 
     @property
     def sibling_group(self) -> str:
-        """The same for every request of this prompt (any epoch, any round): their responses are
-        siblings, which an engine may use as speculative drafts for each other."""
-        return f"p{self.prompt.index}"
+        """`sibling_group(self.prompt)`: the same for every request of this prompt."""
+        return sibling_group(self.prompt)
 
 
 @frozen

@@ -15,6 +15,11 @@ Releasable rollout engine (colocated mode: rollout and training take turns on th
     them again; resumed weights hold nothing until the next `update_weights`, and generating while
     any memory is released (or before that update) is a `BackendMisuse`.
 
+Draft-keeping rollout engine (speculation that copies from a prompt's earlier requests)
+    `keep_draft_groups(groups)`: the driver names, after each step, the sibling groups of the
+    prompts drawn and not yet trained (a deferred prompt's next round drafts from its requests of
+    the round that deferred it); the engine keeps those groups' text until a later call drops them.
+
 Trainer
     `forward_backward(micro_batch)` accumulates gradients of sum_i w_i * sum_t loss_it (no mean);
     `optimizer_step(loss_normalizer)` divides the accumulated gradients by it and steps once;
@@ -28,7 +33,7 @@ Reward executor
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from attrs import field, frozen
@@ -135,6 +140,17 @@ class ReleasableEngine(RolloutEngine, Protocol):
 
     def resume_memory(self, tags: Sequence[str] | None = None) -> None:
         """Allocate the memory of `tags` again (None: every released one)."""
+
+
+@runtime_checkable
+class DraftKeepingEngine(RolloutEngine, Protocol):
+    """A rollout engine whose speculative drafter copies from earlier requests of the same group
+    (`GenerationRequest.group`: a finished or aborted sibling stays a source) and can be told which
+    groups have requests still to come, so that none of them is forgotten in between."""
+
+    def keep_draft_groups(self, groups: Collection[str]) -> None:
+        """Keep the finished and aborted requests of `groups` as draft sources, however many other
+        groups run meanwhile, until a later call leaves a group out (each call replaces the set)."""
 
 
 @frozen

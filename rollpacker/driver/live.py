@@ -20,6 +20,9 @@ record (`step_log.StepLog`); the step's time limit is the driver's (`watchdog.St
 Colocated (`LoopConfig.colocate`, `colocate.Colocation`): micro-batches wait for the round's end,
 the engine's memory is released before they train (waited for after the round, so in
 `train_exposed_s` or `reward_s`) and resumed with the weight sync (in `sync_s`).
+Draft sources: after each step an engine that drafts from a prompt's earlier requests
+(`DraftKeepingEngine`, the embedded one) is told the sibling groups of the prompts still pending,
+so a prompt deferred by a short round drafts from that round's text in its long round.
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ from rollpacker.core import (
     StepOptimizer,
     TrainMicroBatch,
 )
+from rollpacker.core.commands import sibling_group
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import (
+    DraftKeepingEngine,
     GenerationRequest,
     GenerationResult,
     MicroBatch,
@@ -148,7 +153,14 @@ class LiveBackend(NoticeObserver):
     def finish_step(self, ledger: EpochLedger, pending: frozenset[PromptKey]) -> dict:
         log = self._log
         self.last_timeline = list(log.intervals.values())
+        self._keep_drafts(pending)
         return log.record(self.clock.now() - log.start, self.engine.capacity, self.store.rewards, ledger, pending)
+
+    def _keep_drafts(self, pending: frozenset[PromptKey]) -> None:
+        """A prompt drawn and not trained yet (deferred, carried) runs again in a later round, whose
+        requests draft from this one's: an engine that keeps draft sources keeps its group's."""
+        if isinstance(self.engine, DraftKeepingEngine):
+            self.engine.keep_draft_groups(frozenset(sibling_group(p) for p in pending))
 
     def pending_work(self) -> str:
         """What the step still waits for besides the core's running requests: the round, the trainer."""

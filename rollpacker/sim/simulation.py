@@ -44,6 +44,7 @@ from .constants import MODELS, SimConstants
 from .engine import Instance, SimRequest
 from .floor import engine_floor
 from .metrics import StepMeter, epoch_step_cap, epoch_totals, totals
+from .siblings import SiblingTexts
 from .stages import RewardModel, TrainModel
 from .workloads import MAX_PROMPT_TOKENS, load_workload
 
@@ -93,9 +94,8 @@ class Simulation(NoticeObserver):
         self.scoring: dict[str, int | bool] = {}
         """A kept sample's prompt index, then (once its scorer ran) whether its answer is correct."""
         self.timelines: dict[int, dict] = {}
-        self.groups: dict[PromptKey, list] = {}
-        """The round's groups: prompt -> [requests launched, requests ended, live request ids]."""
-        self.group_of: dict[str, PromptKey] = {}
+        self.siblings = SiblingTexts(config.samples, c.spec.carry_drafts)
+        """The round's groups and, with spec.carry_drafts, a pending prompt's texts from earlier rounds."""
         self.step_start = 0.0
 
     @property
@@ -191,7 +191,7 @@ class Simulation(NoticeObserver):
         inst, version = payload
         if version == inst.version:
             for req in inst.wake(self.now):
-                self._ended(req.rid)
+                self._ended(req.rid, finished=True)
                 self.meter.finished(self.now)
                 self.inbox.append(RequestFinished(req.rid, req.target, req.reason, self.now))
             self.dirty.add(inst.index)
@@ -217,24 +217,16 @@ class Simulation(NoticeObserver):
         spec = self.constants.spec
         if not spec.enabled or not 0 < inst.batch <= spec.max_rows:
             return 0.0
-        shares = []
-        for rid in inst.running:
-            group = self.groups.get(self.group_of.get(rid))
-            shares.append(min(1.0, group[1] / max(group[0] - 1, 1)) if group else 0.0)
-        return sum(shares) / len(shares)
+        return sum(self.siblings.share(rid) for rid in inst.running) / inst.batch
 
-    def _ended(self, rid: str) -> None:
+    def _ended(self, rid: str, finished: bool) -> None:
         inst = self.where.pop(rid)
         req = self.live.pop(rid)
         self.meter.request_ended(req)
-        group = self.groups.get(self.group_of.pop(rid, None))
-        if group is not None:
-            group[1] += 1
-            group[2].discard(rid)
-            for sibling in group[2]:  # their drafter has more to copy from: a new segment
-                where = self.where[sibling]
-                if where is not inst and where.batch <= self.constants.spec.max_rows:
-                    self.dirty.add(where.index)
+        for sibling in self.siblings.ended(rid, finished):  # their drafter has more to copy from: a new segment
+            where = self.where[sibling]
+            if where is not inst and where.batch <= self.constants.spec.max_rows:
+                self.dirty.add(where.index)
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -300,17 +292,14 @@ class Simulation(NoticeObserver):
         self.live[cmd.request_id] = req
         self.launched_keys.add(cmd.prompt)
         self.dirty.add(inst.index)
-        group = self.groups.setdefault(cmd.prompt, [0, 0, set()])
-        group[0] += 1
-        group[2].add(cmd.request_id)
-        self.group_of[cmd.request_id] = cmd.prompt
+        self.siblings.launched(cmd.request_id, cmd.prompt)
 
     def _abort(self, rid: str) -> None:
         inst = self.where.get(rid)
         if inst is None:
             return  # it finished; its RequestFinished is already on the way
         req = inst.remove(rid, self.now)
-        self._ended(rid)
+        self._ended(rid, finished=req.generated >= req.target)
         self.dirty.add(inst.index)
         if req.generated >= req.target:
             self.inbox.append(RequestFinished(rid, req.target, req.reason, self.now))
@@ -329,8 +318,7 @@ class Simulation(NoticeObserver):
         # rollout is over when every instance is idle, not at the abort.
         self.meter.round_ended(cmd, max([self.now] + [inst.time for inst in self.instances]))
         keep = set(cmd.carried_requests)
-        self.groups = {}  # a new round's groups (a carried request drafts as if no sibling had finished)
-        self.group_of = {}
+        self.siblings.end_round(cmd.trained)  # a new round's groups (spec.carry_drafts: earlier texts kept)
         self.root = {r: v for r, v in self.root.items() if r in keep}
         self.totals = {r: v for r, v in self.totals.items() if r in keep or r in self.root.values()}
         for batch in self.held_batches:

@@ -21,7 +21,8 @@ Acceptance is measured, not assumed: `benchmarks/spec_acceptance.py` generated g
 tasks to completion with SmolLM2-135M-Instruct and replayed the engine's own n-gram drafter over
 them (rollpacker/data/spec_acceptance.json, which records its command and sizes).  The simulator
 reads its accepted drafts per verify step (a verify that found no draft counts 0) by the share of a
-running request's siblings that have finished (their text is what the drafter copies from), at the
+running request's siblings that have finished (their text is what the drafter copies from;
+`siblings.SiblingTexts` defines it, with `carry_drafts` the texts of earlier rounds), at the
 longest cap measured, so E = 1 + accepted(share).  `--set spec.acceptance=A` replaces the table with a
 constant per-token rate A and the independent-acceptance estimate above: an assumption, as is
 applying a 135M model's table to a 7B-32B model's answers of up to 32k tokens (longer answers and
@@ -98,6 +99,11 @@ class SpecConstants:
     max_rows: int = field(default=4, validator=non_negative)
     """Speculate only when at most this many requests run on the instance: the embedded engine's own
     rule, `spec_max_rows`, 4 on a GPU (`SPEC_MAX_ROWS_CUDA`)."""
+    carry_drafts: bool = True
+    """A request's finished siblings include its prompt's requests that finished in earlier rounds
+    since the prompt was drawn (the short round that deferred it), until the prompt is trained: the
+    embedded engine keeps those groups' text for it (`DraftKeepingEngine`).  False: only this
+    round's (`siblings.SiblingTexts` defines the share)."""
 
     def __attrs_post_init__(self) -> None:
         if self.acceptance == MEASURED and self.draft_tokens not in (0, measured_table().draft_tokens):

@@ -16,7 +16,17 @@ Theory of operation
 
     A finished or aborted member stays a source for its siblings and for later requests of the same
     prompt (a deferred prompt's next round), until its group is evicted: at most `max_groups`
-    groups with no running member are kept (least recently used first out).  Drafts made from text
+    groups with no running member are kept (least recently used first out), besides the groups
+    named by `keep`, which are never evicted while named.  The driver names the prompts drawn and
+    not yet trained (`DraftKeepingEngine`), so a prompt deferred by a short round still drafts from
+    that round's text in its long round, however many short rounds ran in between (until the step
+    ends, the round's deferred groups are its newest idle ones: the last out).  Memory: kept
+    groups are at most the prompts the core holds pending after a step (tail batching: the long
+    queue, fewer than P x eta_prompts prompts), plus `max_groups` idle ones;
+    a group holds its members' token lists (R x (prompt + response) ids) and, once a propose in
+    the group indexed them, (ngram - min_ngram + 1) index entries per token: measured (CPython, R = 8
+    members of 4,000 random tokens, no n-gram repeated: the worst case) 37 bytes a token for the
+    lists and 344 more once indexed.  Drafts made from text
     generated under older weights stay valid after a weight update: a draft is only a proposal,
     the current model's verification decides every emitted token.
 """
@@ -24,7 +34,7 @@ Theory of operation
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 
 from rollpacker.core.errors import ConfigError
 
@@ -82,6 +92,7 @@ class Drafter:
         self._groups: dict[Hashable, _Group] = {}
         self._group_of: dict[str, Hashable] = {}
         self._idle: OrderedDict[Hashable, None] = OrderedDict()  # groups with no running member, LRU first
+        self._kept: frozenset[Hashable] = frozenset()  # never evicted (`keep`), running or not
 
     @property
     def num_groups(self) -> int:
@@ -112,8 +123,25 @@ class Drafter:
             return
         g = self._groups[group]
         g.num_running -= 1
-        if g.num_running == 0:
+        if g.num_running == 0 and group not in self._kept:
             self._idle[group] = None
-            while len(self._idle) > self.max_groups:
-                old, _ = self._idle.popitem(last=False)
-                del self._groups[old]
+            self._evict()
+
+    def keep(self, groups: Collection[Hashable]) -> None:
+        """Never evict `groups` (their prompts run again: a deferred prompt's next round) until a
+        later call leaves them out; this call replaces the last one's set.  A group left out with
+        no running member becomes the least recently used idle group: the first out."""
+        kept = frozenset(groups)
+        dropped = [g for g in self._kept - kept if g in self._groups and self._groups[g].num_running == 0]
+        self._kept = kept
+        for group in kept:
+            self._idle.pop(group, None)
+        for group in sorted(dropped, key=repr, reverse=True):
+            self._idle[group] = None
+            self._idle.move_to_end(group, last=False)
+        self._evict()
+
+    def _evict(self) -> None:
+        while len(self._idle) > self.max_groups:
+            old, _ = self._idle.popitem(last=False)
+            del self._groups[old]

@@ -33,7 +33,7 @@ import os
 import queue
 import threading
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -276,6 +276,14 @@ class EmbeddedEngine:
     def memory_bytes(self) -> dict[str, int]:
         """Bytes the engine's weights and its KV cache hold now ({"weights": .., "kv_cache": ..})."""
         return self._memory.nbytes()
+
+    def keep_draft_groups(self, groups: Collection[str]) -> None:
+        """`DraftKeepingEngine`: the drafter keeps these groups' finished and aborted requests as
+        sources, whatever else runs, until a later call leaves a group out (`drafter.Drafter.keep`)."""
+        kept = frozenset(groups)
+        error = self._on_loop(lambda: self._speculator.keep(kept), "keeping draft groups")
+        if error is not None:
+            raise error
 
     def _on_loop(self, call, what: str) -> BaseException | None:
         """Run `call()` on the loop thread between decode steps and wait; returns its exception."""

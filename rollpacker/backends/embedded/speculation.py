@@ -17,6 +17,8 @@ proposal and the current model's verification decides every emitted token.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from attrs import define
 
 from rollpacker.backends.embedded.drafter import Drafter
@@ -89,6 +91,10 @@ class Speculator:
     def release(self, seq_id: str) -> None:
         if self.is_on:
             self.drafter.release(seq_id)
+
+    def keep(self, groups: Collection[str]) -> None:
+        """`Drafter.keep`: these groups' sources outlive any churn until a later call drops them."""
+        self.drafter.keep(groups)
 
     def drafts(self, rows) -> list[list[int]] | None:
         """A draft per row (possibly empty), or None when this step should not speculate.
