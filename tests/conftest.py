@@ -1,12 +1,13 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` are skipped when torch sees no CUDA device."""
-    import pytest
     import torch
 
     if torch.cuda.is_available():
@@ -15,3 +16,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_servers():
+    """The server pairs that the SGLang backend modules share (`sglang_helpers.SharedServers`),
+    stopped when the session ends."""
+    from sglang_helpers import SharedServers
+
+    shared = SharedServers()
+    try:
+        yield shared
+    finally:
+        shared.close()

@@ -1,8 +1,8 @@
 """SGLangEngine against two servers on 127.0.0.1 serving the tiny random Llama, once `rollpacker serve`
 and once real SGLang (`sglang`-marked; skipped until `make sglang`): generate, stream, abort with partial
-tokens, pause/continue, weight updates, the sampling parameters we send, two-server dispatch, and a
-server killed mid-round whose requests the core relaunches on the survivor (last: it kills one of the
-module's servers)."""
+tokens, pause/continue, weight updates, the sampling parameters we send, two-server dispatch, an idle
+server's CPU, and a server killed mid-round whose requests the core relaunches on the survivor (last: it kills
+one of the servers, which the next module to share them gets started again)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from sglang_helpers import KINDS, collect, drive_one_step, request, servers_of, tiny_model, wait_progress
+from processes import session_cpu_seconds
+from sglang_helpers import KINDS, collect, drive_one_step, request, tiny_model, wait_progress
 
 from rollpacker.backends.sglang.client import SGLangEngine
 from rollpacker.backends.sglang.pool import DEFAULT_CAPACITY, running_limit
@@ -31,8 +32,8 @@ def kind(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def servers(kind, model):
-    yield from servers_of(kind, model)
+def servers(kind, model, shared_servers):
+    yield from shared_servers.module_pair(kind, model)
 
 
 def get_json(url: str) -> dict:
@@ -176,6 +177,19 @@ def test_two_servers_least_outstanding_dispatch(servers, model):
         eng.abort([f"rp{i:012d}" for i in [22, 23, 24, 25, 30, 31]])
         results, _ = collect(eng, 6)
         assert all(r.finish_reason == "abort" for r in results.values())
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_server_takes_next_to_no_cpu(servers):
+    """A server with nothing to run waits for work: on a CPU the cores it would spin on are the
+    trainer's and the other servers' (SGLang's scheduler polls in a busy loop unless started with
+    --sleep-on-idle, a whole core per server)."""
+    sessions = [server.process.pid for server in servers.servers]  # each server runs in a session of its own
+    time.sleep(1.0)  # the previous test's aborted requests are gone
+    before = [session_cpu_seconds(s) for s in sessions]
+    time.sleep(3.0)
+    used = [round(session_cpu_seconds(s) - b, 2) for s, b in zip(sessions, before)]
+    assert max(used) < 0.3, f"idle servers used {used} s of CPU in 3 s"
 
 
 @pytest.mark.timeout(300)
