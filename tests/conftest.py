@@ -6,10 +6,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own ordering by fixture
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` are skipped when torch sees no CUDA device."""
+    """Tests marked `gpu` are skipped when torch sees no CUDA device.  Tests marked
+    `kills_a_shared_server` run last, in their order: the modules that share the servers
+    (`shared_servers`) then need no server started again."""
     import torch
 
+    items.sort(key=lambda item: "kills_a_shared_server" in item.keywords)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

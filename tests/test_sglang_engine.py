@@ -1,8 +1,8 @@
 """SGLangEngine against two servers on 127.0.0.1 serving the tiny random Llama, once `rollpacker serve`
 and once real SGLang (`sglang`-marked; skipped until `make sglang`): generate, stream, abort with partial
 tokens, pause/continue, weight updates, the sampling parameters we send, two-server dispatch, an idle
-server's CPU, and a server killed mid-round whose requests the core relaunches on the survivor (last: it kills
-one of the servers, which the next module to share them gets started again)."""
+server's CPU, and a server killed mid-round whose requests the core relaunches on the survivor (run last of
+the session: it kills one of the servers the modules share)."""
 
 from __future__ import annotations
 
@@ -192,9 +192,10 @@ def test_an_idle_server_takes_next_to_no_cpu(servers):
     assert max(used) < 0.3, f"idle servers used {used} s of CPU in 3 s"
 
 
+@pytest.mark.kills_a_shared_server
 @pytest.mark.timeout(300)
 def test_server_killed_mid_round_requests_are_relaunched_no_prompt_lost(servers, model):
-    """Last in the module: it kills the first of the module's servers."""
+    """Run last of the session (the marker): it kills the first of the shared servers."""
     victim = servers.servers[0]
     with SGLangEngine(servers.urls, expected_model=model, stall_timeout_s=30) as eng:
         prompts, samples = 3, 2
