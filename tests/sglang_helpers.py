@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 
 from rollpacker.core import EndRound, RequestAborted, RequestFinished, Scheduler, TokensGenerated
-from rollpacker.backends.sglang.launch import free_port
+from rollpacker.backends.sglang.client import SGLangEngine
+from rollpacker.backends.sglang.launch import ServerGroup, free_port
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 from rollpacker.driver import Driver, ScorerAnswered, WallClock
 
@@ -61,11 +62,39 @@ def check_stub_never_called() -> None:
         raise AssertionError(f"SGLang called the sgl_kernel stand-in: {STUB_CALLS.read_text()[:500]}")
 
 
-def servers_of(kind: str, model: str, num_servers: int = 2):
-    """A module fixture's body: the servers, then the stand-in check."""
-    with launch(kind, model, num_servers) as group:
+class SharedServers:
+    """Pairs of servers kept for the whole session (the `shared_servers` fixture), one per kind and
+    model: the modules that serve the same model share a pair instead of starting their own (real
+    SGLang takes a minute or more to start on a loaded 2-core machine).  Each module gets the pair as
+    a fresh start would give it: a server a test killed is started again, and every server holds the
+    model's own weights (a module before it may have synced others)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[str, str], ServerGroup] = {}
+
+    def module_pair(self, kind: str, model: str):
+        """A module fixture's body: the pair, then the stand-in check."""
+        group = self._groups.get((kind, model))
+        if group is None:
+            group = self._groups[(kind, model)] = launch(kind, model, 2)
+        else:
+            restart_dead(group, kind, model)
+            with SGLangEngine(group.urls, expected_model=model) as engine:
+                engine.update_weights(model, version=0)
         yield group
-    check_stub_never_called()
+        check_stub_never_called()
+
+    def close(self) -> None:
+        for group in self._groups.values():
+            group.stop()
+        check_stub_never_called()
+
+
+def restart_dead(group: ServerGroup, kind: str, model: str) -> None:
+    """Start a server of `kind` in place of each one of `group` that is no longer alive."""
+    for k, server in enumerate(group.servers):
+        if not server.is_alive():
+            (group.servers[k],) = launch(kind, model, 1).servers
 
 
 def tiny_model() -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from processes import children
 from test_faults import error_lines, trained_keys, wait_for_saved_step
 from test_reference_train import ROOT, TRAIN, records, tiny_model  # noqa: F401 - fixture
 
@@ -50,24 +51,12 @@ class Node:
 
     def kill(self) -> None:
         """kill -9 of the whole node: its workers' sessions (with their reward workers), then the agent's."""
-        for pgid in [*_children(self.proc.pid), self.proc.pid]:
+        for pgid in [*children(self.proc.pid), self.proc.pid]:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.proc.wait(timeout=60)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:  # the field after the state is the parent's PID
-            found.append(int(stat.parent.name))
-    return found
 
 
 def free_port() -> int:

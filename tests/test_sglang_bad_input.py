@@ -134,8 +134,7 @@ def test_launched_sglang_on_a_cpu_gets_the_cpu_flags_unless_told_otherwise():
     assert (value(cpu, "--device"), value(cpu, "--attention-backend")) == ("cpu", "torch_native")
     assert value(cpu, "--cuda-graph-backend-decode") == value(cpu, "--cuda-graph-backend-prefill") == "disabled"
     assert value(cpu, "--max-total-tokens") == "32768" and value(cpu, "--dtype") == "bfloat16"  # the caller's
-    assert cpu.count("--dtype") == 1
-    assert cpu[cpu.index("--sleep-on-idle") + 1].startswith("--")  # a switch: no value follows it
+    assert cpu.count("--dtype") == 1 and "--sleep-on-idle" in cpu  # an idle scheduler would spin on a core
     gpu = server_command("sglang", "m", "127.0.0.1", 1, 1, (), cpu=False)
     assert "--device" not in gpu and "--attention-backend" not in gpu and "--sleep-on-idle" not in gpu
 

@@ -1,19 +1,19 @@
 """SGLangEngine against two servers on 127.0.0.1 serving the tiny random Llama, once `rollpacker serve`
 and once real SGLang (`sglang`-marked; skipped until `make sglang`): generate, stream, abort with partial
-tokens, pause/continue, weight updates, the sampling parameters we send, two-server dispatch, and a
-server killed mid-round whose requests the core relaunches on the survivor (last: it kills one of the
-module's servers)."""
+tokens, pause/continue, weight updates, the sampling parameters we send, two-server dispatch, an idle
+server's CPU, and a server killed mid-round whose requests the core relaunches on the survivor (run last of
+the session: it kills one of the servers the modules share)."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from sglang_helpers import KINDS, collect, drive_one_step, request, servers_of, tiny_model, wait_progress
+from processes import session_cpu_seconds
+from sglang_helpers import KINDS, collect, drive_one_step, request, tiny_model, wait_progress
 
 from rollpacker.backends.sglang.client import SGLangEngine
 from rollpacker.backends.sglang.pool import DEFAULT_CAPACITY, running_limit
@@ -32,39 +32,13 @@ def kind(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def servers(kind, model):
-    yield from servers_of(kind, model)
+def servers(kind, model, shared_servers):
+    yield from shared_servers.module_pair(kind, model)
 
 
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return json.loads(resp.read())
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of a server's process group (`launch_servers` starts each server in a session of its own;
-    SGLang's scheduler and detokenizer processes are in it), from /proc."""
-    ticks = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[2]) == pid:  # pgrp
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-@pytest.mark.timeout(60)
-def test_an_idle_server_leaves_the_cpu_to_the_trainer(servers):
-    """Between rounds (the trainer's time on the same machine) a server waits on its sockets: on a
-    CPU `launch_servers` starts SGLang with `--sleep-on-idle`; without it each server's scheduler spins
-    a core at ~90% (the trainer's steps ran at about half speed beside two of them)."""
-    time.sleep(1.0)  # whatever the previous test left running ends
-    before = [cpu_seconds(s.process.pid) for s in servers.servers]
-    time.sleep(4.0)
-    used = [cpu_seconds(s.process.pid) - b for s, b in zip(servers.servers, before)]
-    assert all(u < 0.8 for u in used), f"CPU seconds per server over 4 idle seconds: {used}"
 
 
 @pytest.fixture
@@ -205,9 +179,23 @@ def test_two_servers_least_outstanding_dispatch(servers, model):
         assert all(r.finish_reason == "abort" for r in results.values())
 
 
+@pytest.mark.timeout(60)
+def test_an_idle_server_takes_next_to_no_cpu(servers):
+    """A server with nothing to run waits for work: on a CPU the cores it would spin on are the
+    trainer's and the other servers' (SGLang's scheduler polls in a busy loop unless started with
+    --sleep-on-idle, a whole core per server)."""
+    sessions = [server.process.pid for server in servers.servers]  # each server runs in a session of its own
+    time.sleep(1.0)  # the previous test's aborted requests are gone
+    before = [session_cpu_seconds(s) for s in sessions]
+    time.sleep(3.0)
+    used = [round(session_cpu_seconds(s) - b, 2) for s, b in zip(sessions, before)]
+    assert max(used) < 0.3, f"idle servers used {used} s of CPU in 3 s"
+
+
+@pytest.mark.kills_a_shared_server
 @pytest.mark.timeout(300)
 def test_server_killed_mid_round_requests_are_relaunched_no_prompt_lost(servers, model):
-    """Last in the module: it kills the first of the module's servers."""
+    """Run last of the session (the marker): it kills the first of the shared servers."""
     victim = servers.servers[0]
     with SGLangEngine(servers.urls, expected_model=model, stall_timeout_s=30) as eng:
         prompts, samples = 3, 2

@@ -12,7 +12,7 @@ import signal
 import urllib.request
 
 import pytest
-from sglang_helpers import KINDS, collect, request, servers_of, tiny_model
+from sglang_helpers import KINDS, collect, request, tiny_model
 from test_faults import start_train, trained_keys, wait_for_saved_step
 from test_reference_train import records, run_train
 
@@ -28,8 +28,8 @@ def model() -> str:
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def servers(request, model):
-    yield from servers_of(request.param, model)
+def servers(request, model, shared_servers):
+    yield from shared_servers.module_pair(request.param, model)
 
 
 def train_args(model: str, servers, out, policy: str, steps: int) -> list:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_helpers import KINDS, collect, request, servers_of, tiny_model
+from sglang_helpers import KINDS, collect, request, tiny_model
 
 torch = pytest.importorskip("torch")
 
@@ -50,8 +50,8 @@ def kind(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def servers(kind, model):
-    yield from servers_of(kind, model)
+def servers(kind, model, shared_servers):
+    yield from shared_servers.module_pair(kind, model)
 
 
 def greedy_per_server(engine: SGLangEngine, first_id: int) -> list[tuple[int, ...]]:

@@ -37,9 +37,8 @@ CPU_SGLANG_ARGS = {"--device": ("cpu",), "--attention-backend": ("torch_native",
                    "--cuda-graph-backend-prefill": ("disabled",), "--sleep-on-idle": ()}
 """SGLang (0.5.23) on a CPU: its plain-torch attention; float32 (`auto` turns a float32 checkpoint into
 float16, about 5x slower on a CPU without AMX); a KV cache of 32k tokens (the default takes 72% of free
-RAM); no CUDA graphs; its scheduler waits on its sockets when it has nothing to run (`--sleep-on-idle`:
-without it each server's scheduler spins a core at ~90% even between rounds, taking it from the
-trainer on the same machine).  Needs `SGLANG_USE_CPU_ENGINE=1` in the server's environment (set by
+RAM); no CUDA graphs; an idle scheduler that waits on its sockets (by default it polls them in a busy
+loop: a whole core per server, taken from the trainer and the other servers on the same CPUs).  Needs `SGLANG_USE_CPU_ENGINE=1` in the server's environment (set by
 `launch_servers`) and an `sgl_kernel` module (see the README: SGLang on a CPU)."""
 
 
