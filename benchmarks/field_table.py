@@ -117,8 +117,8 @@ def reading(results: dict) -> str:
                    f"{later} between rounds" for b, (first, later, tps, runs) in switches.items())
                + ".  Where no round switches, this compares one static TP against another, not switching; "
                  "each switch costs "
-                 "`engine.tp_switch_s` = 10 s (an assumption), counted in the whole step, and the plan counts it "
-                 "when it chooses (it switches only for a round it predicts to gain more).")
+                 "`engine.tp_switch_s` = 10 s (an assumption), counted in the whole step (the plan does not weigh it when it "
+                 "chooses: see `engine.tp_switch_s`).")
     out.append(f"- SortedRL throws away {span(waste, '.0%')} of what it generates and trains the shortest answers "
                f"first: the strongest length bias (kept length over sync's in each table).  APRIL partial trains "
                f"{span(onpol)} of its tokens on-policy (staleness 1); every other policy 1.00.")
@@ -345,7 +345,7 @@ speculative decoding in the tail (on only where the engine's own rule turns it o
 `spec.max_rows` = {spec.max_rows} running requests per instance, at the acceptance measured by
 benchmarks/spec_acceptance.py, see rollpacker/sim/speculation.py; that a 135M model's acceptance on
 short reasoning answers holds for a 7B model at 8k-32k is an assumption; {SPEC_CAVEAT}) and cost-model TP per round
-(`--tp-mode plan`, valid TP sizes only, `engine.tp_switch_s` = 10 s per switch, an assumption, counted by the plan).
+(`--tp-mode plan`, valid TP sizes only, `engine.tp_switch_s` = 10 s per switch, an assumption, charged to the step, not weighed by the plan).
 *ours-best* = RollPacker tail on that engine; *ours (fixed TP)* = the same at the setting's TP.
 *sync + speculation* = sync with speculation at the setting's TP; *sync, best static TP + speculation* =
 the same at the valid TP where it is fastest (picked on seed 0, shown in the label).

@@ -178,7 +178,7 @@ with, so no row reaches it; how far each stays is the rollout / floor column.
 
 TP planning (tail and sync, the same measure, seed {args.seeds[0]}; *plan* = cost-model TP per round from
 predicted lengths, *online* = RollPacker's preemption rule; a TP change costs
-`engine.tp_switch_s` = 10 s, an assumption, counted in the whole step and by the plan when it chooses):
+`engine.tp_switch_s` = 10 s, an assumption, counted in the whole step; the plan does not weigh it):
 
 {chr(10).join(tp_lines)}
 """

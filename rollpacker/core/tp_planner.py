@@ -186,7 +186,9 @@ class TpRule:
     """Predicted response length of a prompt with no history yet."""
     switch_s: float = field(default=0.0, validator=non_negative_number)
     """Seconds a change of TP costs the step (stopping and restarting the engines): "plan" counts it
-    against every TP but the one running."""
+    against every TP but the one running, all of it against the one round's predicted gain.  That is
+    greedy: a TP chosen then usually holds for many rounds, so a cost near a round's gain keeps the
+    starting TP for good (the simulator leaves it 0 for that reason: see `engine.tp_switch_s`)."""
 
     def __attrs_post_init__(self) -> None:
         check_tp(self.model, self.hardware, self.gpus, self.tp)

@@ -68,7 +68,7 @@ class Simulation(NoticeObserver):
         self.tp_rule = TpRule(mode=config.tp_mode, tp=config.tp, model=self.model, hardware=c.hardware, gpus=config.gpus,
                               mem_fraction=c.engine.mem_fraction, max_context=self.max_context,
                               prompt_tokens=tuple(self.workload.prompt_tokens(i) for i in range(self.workload.num_prompts)),
-                              unseen_length=self.workload.mean_length(), switch_s=c.engine.tp_switch_s)
+                              unseen_length=self.workload.mean_length())
         self.sched = Scheduler(self.policy, num_prompts=self.workload.num_prompts, seed=config.seed,
                                batcher=BatcherConfig(),
                                rewards=c.reward.scheduler_config(),
