@@ -77,15 +77,55 @@ def test_a_scorer_past_the_adaptive_deadline_is_a_timeout_with_reward_0():
         killed = timed_out_by(rewards, SLOW_S / 2)
     by_k = {int(i.token_ids[1]): i.reward for i in loop.last_timeline}
     assert by_k == {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}, "request 2 (GOOD but slow) timed out: reward 0"
-    # (request 3, BAD, may be cut as well if the pool's second process was slow to start: reward 0 either way)
-    assert sched.reward_state.timeouts >= 1 and sched.reward_state.failures == 0, \
-        "the core expired request 2 by its own deadline (not a failed answer of the executor)"
-    assert record["reward_failures"] == sched.reward_state.timeouts
+    # the pool kills request 2's scorer at the core's timeout counted from the pool's start of it and
+    # answers "timeout"; the core's own expiry waits the pool's start grace, so it never comes first
+    assert (sched.reward_state.failures, sched.reward_state.timeouts) == (1, 0)
+    assert record["reward_failures"] == 1
     assert killed == 1, "the executor killed the slow scorer at the core's timeout, not the job's own deadline"
     # one worker: request 3 waited in the core's queue behind request 2 until its 0.5 s deadline
     assert 0.4 <= record["reward_wait_s_max"] < DEFAULT_S and record["reward_wait_s_mean"] > 0
     assert sched.reward_timeout == 0.5, "the fast correct answer set T to its floor"
     assert elapsed < SLOW_S / 2, "the slow scorer was cut at its deadline, not waited for"
+
+
+HANG = 1
+"""Request k=1's scorer hangs."""
+WORKER_START_S = 3.0
+"""Each reward worker's warm-up: a replacement worker is ready this long after the kill, 3x the deadline."""
+
+
+def hanging_scorer(task, entry, response):
+    """Reward 1 for a GOOD response; request HANG's scorer never answers."""
+    if response[1] == HANG:
+        time.sleep(3600)
+    return float(response[0] == GOOD)
+
+
+def slow_warm_up() -> None:
+    time.sleep(WORKER_START_S)
+
+
+@pytest.mark.timeout(120)
+def test_a_scoring_that_waits_for_a_replacement_worker_is_scored_not_cut():
+    """One worker: request 1's scorer hangs and is killed at its 1 s deadline; the core then starts
+    request 2's scoring, which waits WORKER_START_S for the replacement process.  Its deadline counts
+    from the pool's start of it: request 2 (GOOD) is scored 1, not cut for the wait (before the
+    pool's start grace, the core's clock cut it: a correct answer scored 0 because another sample
+    hung)."""
+    calls: list = []
+    engine = ScriptedEngine(calls)  # request k answers (GOOD if k is even else BAD, k, k)
+    sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=8), num_prompts=4,
+                      batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=1, t_min=1.0, t_max=1.0))
+    with ProcessRewardExecutor(1, scorer=hanging_scorer, warmup=slow_warm_up) as rewards:
+        warm_up(rewards)
+        assert rewards.start_grace_s >= 3 * WORKER_START_S, "3x the slowest worker start seen"
+        loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), Prompts())
+        record = loop.run_step()
+        report = rewards.step_report()
+    by_k = {int(i.token_ids[1]): i.reward for i in loop.last_timeline}
+    assert by_k == {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0}, "only the hanging request 1 failed; request 2 scored 1"
+    assert record["reward_failures"] == 1 and report.num_timed_out == 1 and report.num_scored == 3
+    assert report.queue_s_max >= WORKER_START_S / 2, "the case under test: a scoring waited for the new worker"
 
 
 class LateRewards(ScriptedRewards):

@@ -219,3 +219,22 @@ def test_start_scoring_says_how_long_the_sample_waited_for_a_worker():
     assert [s.queued_s for s in starts(first)] == [0.0] and not starts(queued)
     state, out = sched.finished(state, request_id(0), 1.0, True, at=5.5)
     assert [(s.request_id, s.queued_s) for s in starts(out)] == [(request_id(1), 3.5)]
+
+
+@given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=20), st.floats(0.0, 100.0), st.floats(0.0, 100.0))
+def test_expire_with_a_due_time_cuts_exactly_the_deadlines_up_to_it(arrivals, at, due):
+    """A backend whose executor may start a job late expires by the core's clock only what is past
+    `due` (a grace before now): the deadlines <= min(due, at) are cut, every later one keeps running."""
+    sched = RewardScheduler(RewardConfig(workers=len(arrivals), t_min=2.0, t_max=2.0, hedge_after=None))
+    s, clock = sched.initial(), 0.0
+    for i, arrived in enumerate(sorted(arrivals)):
+        clock = arrived
+        s, _ = sched.submit(s, request_id(i), arrived)
+    at = max(at, clock)
+    deadlines = {rid: deadline for _, (rid, deadline, _) in s.running.items()}
+    s, out = sched.expire(s, at, due)
+    cut = {o.request_id for o in out if isinstance(o, RewardScored)}
+    assert cut == {rid for rid, d in deadlines.items() if d <= min(due, at)}
+    assert all(o.failed and o.at == at for o in out if isinstance(o, RewardScored))
+    assert {rid for _, (rid, _, _) in s.running.items()} == set(deadlines) - cut
+    assert s.timeouts == len(cut) and s.busy == len(deadlines) - len(cut)

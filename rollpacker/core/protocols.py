@@ -240,3 +240,15 @@ class RewardExecutor(Protocol):
     def poll(self, timeout: float | None = None) -> list[RewardOutcome]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class LateStartingRewardExecutor(RewardExecutor, Protocol):
+    """A reward executor that may start a job later than its submission (its pool waits for a
+    worker process, such as one started in place of a worker killed at a deadline) and times a job
+    out by `RewardJob.deadline_s` counted from that start, answering with status "timeout"."""
+
+    @property
+    def start_grace_s(self) -> float:
+        """How late a submitted job may start: the core's own expiry waits this long past a
+        deadline, so that a scoring that waited for a worker is not cut before it ran."""

@@ -155,12 +155,16 @@ class RewardScheduler:
         out: list = [RewardScored(request_id, 0.0 if failed else reward, failed, at)]
         return self._start(state, at, out)
 
-    def expire(self, state: RewardState, at: float) -> tuple[RewardState, list]:
-        """Time out every running sample whose deadline is <= `at` (both copies of a hedged one)."""
+    def expire(self, state: RewardState, at: float, due: float | None = None) -> tuple[RewardState, list]:
+        """At `at`, time out every running sample whose deadline is <= `due` (default `at`; both
+        copies of a hedged one).  A backend that starts a scoring later than its StartScoring (its
+        pool waits for a worker process) enforces the deadline from its own start, and expires by
+        the core's clock only what is past `due`, a grace earlier than `at`."""
         out: list = []
         running, busy = state.running, state.busy
+        cut = at if due is None else min(due, at)
         for number, (rid, deadline, starts) in sorted(state.running.items()):
-            if deadline <= at:
+            if deadline <= cut:
                 running = running.delete(number)
                 busy -= len(starts)
                 out.append(RewardScored(rid, 0.0, True, at))

@@ -128,9 +128,10 @@ class Scheduler:
                                                        failed, seconds)
         return self._scored(out)
 
-    def expire_rewards(self, at: float) -> list:
-        """Fail every scoring past its deadline at `at` (reward 0); outputs as `scoring_finished`."""
-        self.reward_state, out = self.rewards.expire(self.reward_state, at)
+    def expire_rewards(self, at: float, due: float | None = None) -> list:
+        """Fail every scoring whose deadline is <= `due` (default `at`) at `at` (reward 0); outputs as
+        `scoring_finished`."""
+        self.reward_state, out = self.rewards.expire(self.reward_state, at, due)
         return self._scored(out)
 
     def hedge_rewards(self, at: float) -> list:

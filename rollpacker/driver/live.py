@@ -172,8 +172,9 @@ class LiveBackend(NoticeObserver):
     def wait(self) -> list[Input]:
         """Poll the trainer and the reward executor, then the engine (waiting up to `poll_s` on
         whichever is due); the trainer's finished micro-batches are recorded, never waited for.
-        Once the clock passes a `StartScoring.deadline`, a `DeadlinePassed` comes first: the core
-        expires what its deadline cut, before any answer of the same poll (which is then late)."""
+        Once the clock passes a `StartScoring.deadline` (by the executor's start grace), a
+        `DeadlinePassed` comes first: the core expires what its deadline cut, before any answer of
+        the same poll (which is then late)."""
         log = self._log
         log.trained_jobs(self.worker.poll())
         outcomes = self.rewards.poll(timeout=0)
@@ -184,8 +185,9 @@ class LiveBackend(NoticeObserver):
         inputs: list[Input] = [self._engine_event(out) for out in outputs if isinstance(out, GenerationResult)]
         inputs += self.rewards.answers(outcomes)
         inputs.extend(self.rewards.hedges_due())  # (after the answers: a sample just answered is not hedged)
-        if self.rewards.deadline_passed():
-            inputs.insert(0, DeadlinePassed())
+        due = self.rewards.deadline_passed()
+        if due is not None:
+            inputs.insert(0, DeadlinePassed(due))
         if inputs:
             self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
         return inputs

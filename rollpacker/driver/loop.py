@@ -76,6 +76,12 @@ class ScorerAnswered:
 class DeadlinePassed:
     """The clock reached the core's next reward deadline: the scorings past it time out."""
 
+    due: float | None = None
+    """Only the scorings whose deadline is <= this time out (None: the clock's now).  A live backend
+    whose executor may start a job late (waiting for a replacement worker) and enforces the deadline
+    from that start sets it a grace before now, so the core never cuts a scoring the executor has
+    not timed out."""
+
 
 @frozen
 class HedgeDue:
@@ -174,7 +180,7 @@ class Driver:
             reward = 0.0 if item.failed else item.reward
             return self.sched.scoring_finished(item.request_id, reward, now, item.failed, seconds=item.seconds)
         if isinstance(item, DeadlinePassed):
-            return self.sched.expire_rewards(now)
+            return self.sched.expire_rewards(now, item.due)
         if isinstance(item, HedgeDue):
             return self.sched.hedge_rewards(now)
         return self.sched.handle(item)

@@ -5,7 +5,10 @@ A kept sample's job is staged (`stage`) until the core starts its scoring (`star
 same job again); the executor's answers are reduced to each sample's first (`answers`: the other
 copies of a hedged one are cancelled).  The `StartScoring` deadlines and hedge times are heaps: once
 the clock passes one, `deadline_passed` / `hedges_due` tell the driver's `wait`, so the core expires
-a late scoring by its own deadline, as in the simulator."""
+a late scoring by its own deadline, as in the simulator.  An executor that may start a job late (a
+`LateStartingRewardExecutor`: its pool waits for a worker started in place of one killed at a
+deadline) times the job out from its own start; the core's expiry then waits its `start_grace_s`
+past a deadline, so a scoring that waited for a worker is never cut before it ran."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 import attrs
 
 from rollpacker.core import StartScoring
-from rollpacker.core.protocols import RewardExecutor, RewardJob, RewardOutcome
+from rollpacker.core.protocols import LateStartingRewardExecutor, RewardExecutor, RewardJob, RewardOutcome
 
 from .clock import Clock
 from .loop import HedgeDue, ScorerAnswered
@@ -29,6 +32,8 @@ class RewardStaging:
         """Reward jobs of kept samples until their first answer (a hedge runs the same job again)."""
         self._deadlines: list[float] = []
         """The started scorings' `StartScoring.deadline`s, a heap."""
+        self.grace_s = executor.start_grace_s if isinstance(executor, LateStartingRewardExecutor) else 0.0
+        """How long past a deadline the core expires (the executor's own timeout comes first)."""
         self._hedged: set[str] = set()
         """Samples with hedged copies in flight: the first answer cancels the others."""
         self._hedge_due: list[float] = []
@@ -64,9 +69,11 @@ class RewardStaging:
             first.append(ScorerAnswered(outcome.request_id, outcome.reward, outcome.failed, outcome.latency_s))
         return first
 
-    def deadline_passed(self) -> bool:
-        """Whether the clock passed a scoring's deadline since the last call (its deadlines are dropped)."""
-        return bool(_pop_due(self._deadlines, self.clock.now()))
+    def deadline_passed(self) -> float | None:
+        """None, or once the clock passed a scoring's deadline by the grace: the time the core expires
+        the deadlines up to (those passed are dropped)."""
+        due = self.clock.now() - self.grace_s
+        return due if _pop_due(self._deadlines, due) else None
 
     def hedges_due(self) -> list[HedgeDue]:
         """One HedgeDue once the clock passed a scoring's `hedge_at` (the core hedges every due one)."""

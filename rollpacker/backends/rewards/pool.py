@@ -24,7 +24,10 @@ reward and its other numeric keys are metrics, averaged over the step's "ok" out
 `step_report().metrics`.
 
 The deadline counts from when a worker starts the job; the wait before that is reported as
-`queue_s`.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
+`queue_s`.  A job submitted while its worker is being replaced (one killed at a deadline) waits for
+the new process to start, so the pool is a `LateStartingRewardExecutor`: its `start_grace_s` (3x the
+slowest worker start seen, at least `MIN_START_GRACE_S`) tells the driver how long past the core's
+deadline to wait before it cuts a scoring the pool may not have started yet.  Scorers run with math-verify's own signal timeouts disabled (see `tasks.score`).
 `step_report()` returns the counts and queue latency since the previous call.
 
 The worker process and what it answers are `worker`'s; the step's counts and report are `report`'s.
@@ -59,6 +62,10 @@ from .report import FAILURE_KINDS, RewardStepReport, StepStats
 from .worker import PARENT_SIGNALS, Scorer, Worker, died_line, worker_main
 
 __all__ = ["ProcessRewardExecutor", "RewardStepReport", "FAILURE_KINDS", "Scorer"]
+
+MIN_START_GRACE_S = 10.0
+"""The least `start_grace_s`: a worker start (a Python process importing the scorer) takes 1-3 s on
+a quiet machine, several times that on a loaded one."""
 
 
 class ProcessRewardExecutor:
@@ -100,6 +107,8 @@ class ProcessRewardExecutor:
         self._is_closed = False
         self._failure: BaseException | None = None  # why the dispatcher thread died
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
+        self._slowest_start_s = 0.0
+        """The longest a worker took from its spawn to "ready"."""
         self._workers: list[Worker] = [self._spawn() for _ in range(num_workers)]
         self._thread = threading.Thread(target=self._dispatch, name="rollpacker-rewards", daemon=True)
         self._thread.start()
@@ -159,6 +168,12 @@ class ProcessRewardExecutor:
         self.close()
 
     @property
+    def start_grace_s(self) -> float:
+        """How late a submitted job may start (LateStartingRewardExecutor): 3x the slowest worker
+        start seen, at least MIN_START_GRACE_S."""
+        return max(MIN_START_GRACE_S, 3 * self._slowest_start_s)
+
+    @property
     def num_in_flight(self) -> int:
         with self._lock:
             return len(self._in_flight)
@@ -185,7 +200,7 @@ class ProcessRewardExecutor:
         except OSError as exc:  # out of processes, memory or file descriptors
             raise RewardExecutorFailed(f"could not start a reward worker process ({exc})") from exc
         child.close()
-        return Worker(proc, parent)
+        return Worker(proc, parent, spawned=time.monotonic())
 
     def _dispatch(self) -> None:
         failure = None
@@ -236,6 +251,7 @@ class ProcessRewardExecutor:
             return
         if msg[0] == "ready":
             w.is_ready = True
+            self._slowest_start_s = max(self._slowest_start_s, time.monotonic() - w.spawned)
             return
         job_id, status, kind, reward, error, latency, metrics = msg
         job, w.job = w.job, None

@@ -97,3 +97,5 @@ class Worker:
     job: RewardJob | None = None
     job_submitted: float = 0.0
     job_started: float = 0.0
+    spawned: float = 0.0
+    """When the process was started (time.monotonic): its start lasts until it says "ready"."""
