@@ -2,7 +2,7 @@
 the headline setting (servegen-r1 32k, 64 x Qwen2.5-7B, P=128 R=8, speculation, TP per round) set
 against its floor and against its longest request decoded alone on one instance of the same TP.
 
-    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--print]
+    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--max-rows 8,16,64] [--print]
 
 The floor (rollpacker/sim/floor.py) is the path bound: the longest response x one lone request's
 fastest time per token (no context term, speculation at its best measured acceptance).  The longest
@@ -76,9 +76,11 @@ class LaunchShares(Simulation):
         self.launches[-1].append((self.live[cmd.request_id].target, self.siblings.share(cmd.request_id)))
 
 
-def long_rounds(seed: int, carry: bool = True) -> list[dict]:
-    """Each long round of one seed: its measured time, its floor and its longest request's alone times."""
-    constants = attrs.evolve(SPEC, spec=attrs.evolve(SPEC.spec, carry_drafts=carry))
+def long_rounds(seed: int, carry: bool = True, max_rows: int | None = None) -> list[dict]:
+    """Each long round of one seed: its measured time, its floor and its longest request's alone times
+    (`max_rows`: the engine's speculation row limit, default SPEC's)."""
+    constants = attrs.evolve(SPEC, spec=attrs.evolve(SPEC.spec, carry_drafts=carry,
+                                                     max_rows=SPEC.spec.max_rows if max_rows is None else max_rows))
     sim = LaunchShares(SimConfig(seed=seed, **HEADLINE), constants)
     result = sim.run()
     prompt = int(statistics.median(sim.workload.prompt_tokens(i) for i in range(HEADLINE["dataset_prompts"])))
@@ -103,14 +105,17 @@ def _ratio(rounds: list[dict], a: str, b: str) -> float:
     return statistics.median(r[a] / r[b] for r in rounds)
 
 
-def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, carry: bool = True) -> str:
-    """The section: the table of `rounds` (spec.carry_drafts = `carry`), its factors, and `off`'s medians."""
+def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, carry: bool = True,
+           by_rows: dict[int, list[dict]] | None = None) -> str:
+    """The section: the table of `rounds` (spec.carry_drafts = `carry`), its factors, `off`'s medians and
+    those of `by_rows` (speculation row limit -> its long rounds)."""
     table = measured_table()
     med = {k: statistics.median(r[k] for r in rounds) for k in COLUMNS}
     ratio = lambda a, b: _ratio(rounds, a, b)  # noqa: E731
     knob = ("on: a deferred prompt's long round drafts from the complete responses of the short round that "
             "deferred it" if carry else "off")
-    lines = [f"Command: `.venv/bin/python benchmarks/long_round.py --seeds {','.join(map(str, seeds))}` (simulator; "
+    lines = [f"Command: `.venv/bin/python benchmarks/long_round.py --seeds {','.join(map(str, seeds))}"
+             f"{' --max-rows ' + ','.join(map(str, sorted(by_rows))) if by_rows else ''}` (simulator; "
              f"ours-best: tail + speculation + TP per round, servegen-r1 32k, 64 x Qwen2.5-7B, P=128 R=8, 12 steps a "
              f"seed; {len(rounds)} long rounds; `spec.carry_drafts` {knob}).", "",
              "| seed | step | TP | longest response | carried share | round s | floor s | alone, best drafts s "
@@ -136,6 +141,13 @@ def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, 
                   f"{len(off)} long rounds): round {statistics.median(r['round_s'] for r in off):.1f} s, round / floor "
                   f"{_ratio(off, 'round_s', 'floor_s'):.2f}; carried drafts make the long round "
                   f"{statistics.median(r['round_s'] for r in off) / med['round_s']:.3f}x faster (medians)."]
+    if by_rows:
+        limits = "; ".join(f"{rows} rows: round {statistics.median(r['round_s'] for r in rs):.1f} s, round / floor "
+                           f"{_ratio(rs, 'round_s', 'floor_s'):.2f}" for rows, rs in sorted(by_rows.items()))
+        lines += ["", f"Speculation above {SPEC.spec.max_rows} rows an instance (`--set spec.max_rows=N`, same seeds, "
+                  f"medians): {limits}.  The engine's rule speculates only where its cost model says a verify step "
+                  "pays (sim/speculation.py: slowdown(b) < 1); at the measured acceptance it stops paying at a few "
+                  "rows, so a higher limit changes little."]
     lines += ["", "Reading: a long round lasts about as long as its longest request decoded alone without speculation. "
               "Its longest request's siblings are long too, so drafts are few while it runs, and the rows beside it "
               "keep speculation off (it runs at <= 4 rows an instance) for most of the round.  The context term is "
@@ -146,8 +158,9 @@ def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, 
               "Drafting from them from the first token is the carried-drafts factor, bounded by the measured "
               f"acceptance ({table.accepted(0.0):.2f} accepted drafts per verify with no sibling finished, "
               f"{table.accepted(1.0):.2f} with all: at most the no-sibling / best-drafts ratio on the longest request "
-              "alone).  What is left is the sharing factor: speculation at more rows where "
-              "acceptance pays for it.  Caveat: the acceptance is the simulator's (sim/speculation.py), measured on "
+              "alone).  What is left is the sharing factor: the rows beside the longest request slow each of its "
+              "steps, and a higher speculation row limit does not close it at the measured acceptance (the line "
+              "above).  Caveat: the acceptance is the simulator's (sim/speculation.py), measured on "
               "64 answers of a 135M model; at 7B and 32k it is an assumption, so the drafts factors are too, and "
               "a text of an older policy is assumed to draft as well as this round's."]
     return "\n".join(lines)
@@ -158,13 +171,18 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--carry-drafts", choices=("both", "on", "off"), default="both",
                     help="spec.carry_drafts for the table (both: on, plus a line of medians with it off)")
+    ap.add_argument("--max-rows", default="8,16,64",
+                    help="speculation row limits to compare (one line of medians each, carried drafts as the "
+                         "table; empty: none)")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing RESULTS.md")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     carry = args.carry_drafts != "off"
     rounds = [r for seed in seeds for r in long_rounds(seed, carry)]
     off = [r for seed in seeds for r in long_rounds(seed, False)] if args.carry_drafts == "both" else None
-    text = report(rounds, seeds, off, carry)
+    by_rows = {rows: [r for seed in seeds for r in long_rounds(seed, carry, rows)]
+               for rows in (int(n) for n in args.max_rows.split(",") if n)}
+    text = report(rounds, seeds, off, carry, by_rows)
     print(text)
     if not args.print:
         write_section("Long round against its floor (issue 34, item 3)", text)
