@@ -2,7 +2,7 @@
 the headline setting (servegen-r1 32k, 64 x Qwen2.5-7B, P=128 R=8, speculation, TP per round) set
 against its floor and against its longest request decoded alone on one instance of the same TP.
 
-    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--max-rows 8,16,64] [--print]
+    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--max-rows 8,16,64] [--no-oracle] [--print]
 
 The floor (rollpacker/sim/floor.py) is the path bound: the longest response x one lone request's
 fastest time per token (no context term, speculation at its best measured acceptance).  The longest
@@ -76,11 +76,12 @@ class LaunchShares(Simulation):
         self.launches[-1].append((self.live[cmd.request_id].target, self.siblings.share(cmd.request_id)))
 
 
-def long_rounds(seed: int, carry: bool = True, max_rows: int | None = None) -> list[dict]:
+def long_rounds(seed: int, carry: bool = True, max_rows: int | None = None, oracle: bool = False) -> list[dict]:
     """Each long round of one seed: its measured time, its floor and its longest request's alone times
-    (`max_rows`: the engine's speculation row limit, default SPEC's)."""
+    (`max_rows`: the engine's speculation row limit, default SPEC's; `oracle`: engine.oracle_placement)."""
     constants = attrs.evolve(SPEC, spec=attrs.evolve(SPEC.spec, carry_drafts=carry,
-                                                     max_rows=SPEC.spec.max_rows if max_rows is None else max_rows))
+                                                     max_rows=SPEC.spec.max_rows if max_rows is None else max_rows),
+                             engine=attrs.evolve(SPEC.engine, oracle_placement=oracle))
     sim = LaunchShares(SimConfig(seed=seed, **HEADLINE), constants)
     result = sim.run()
     prompt = int(statistics.median(sim.workload.prompt_tokens(i) for i in range(HEADLINE["dataset_prompts"])))
@@ -106,9 +107,9 @@ def _ratio(rounds: list[dict], a: str, b: str) -> float:
 
 
 def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, carry: bool = True,
-           by_rows: dict[int, list[dict]] | None = None) -> str:
-    """The section: the table of `rounds` (spec.carry_drafts = `carry`), its factors, `off`'s medians and
-    those of `by_rows` (speculation row limit -> its long rounds)."""
+           by_rows: dict[int, list[dict]] | None = None, oracle: list[dict] | None = None) -> str:
+    """The section: the table of `rounds` (spec.carry_drafts = `carry`), its factors, `off`'s medians,
+    those of `by_rows` (speculation row limit -> its long rounds) and of `oracle` (oracle placement)."""
     table = measured_table()
     med = {k: statistics.median(r[k] for r in rounds) for k in COLUMNS}
     ratio = lambda a, b: _ratio(rounds, a, b)  # noqa: E731
@@ -148,6 +149,14 @@ def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, 
                   f"medians): {limits}.  The engine's rule speculates only where its cost model says a verify step "
                   "pays (sim/speculation.py: slowdown(b) < 1); at the measured acceptance it stops paying at a few "
                   "rows, so a higher limit changes little."]
+    if oracle:
+        lines += ["", f"Placement by length, its upper bound (`--set engine.oracle_placement=true`: each launch goes to "
+                  "the instance with the fewest true tokens left to generate, which no router knows; same seeds, "
+                  f"medians): round {statistics.median(r['round_s'] for r in oracle):.1f} s, round / floor "
+                  f"{_ratio(oracle, 'round_s', 'floor_s'):.2f}, against {med['round_s']:.1f} s and "
+                  f"{ratio('round_s', 'floor_s'):.2f} placing by request count: "
+                  f"{med['round_s'] / statistics.median(r['round_s'] for r in oracle):.3f}x, the most a placement by "
+                  "predicted length could give the long round here."]
     lines += ["", "Reading: a long round lasts about as long as its longest request decoded alone without speculation. "
               "Its longest request's siblings are long too, so drafts are few while it runs, and the rows beside it "
               "keep speculation off (it runs at <= 4 rows an instance) for most of the round.  The context term is "
@@ -174,6 +183,8 @@ def main() -> None:
     ap.add_argument("--max-rows", default="8,16,64",
                     help="speculation row limits to compare (one line of medians each, carried drafts as the "
                          "table; empty: none)")
+    ap.add_argument("--no-oracle", action="store_true",
+                    help="leave out the line of the oracle placement's medians (engine.oracle_placement)")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing RESULTS.md")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -182,7 +193,8 @@ def main() -> None:
     off = [r for seed in seeds for r in long_rounds(seed, False)] if args.carry_drafts == "both" else None
     by_rows = {rows: [r for seed in seeds for r in long_rounds(seed, carry, rows)]
                for rows in (int(n) for n in args.max_rows.split(",") if n)}
-    text = report(rounds, seeds, off, carry, by_rows)
+    oracle = None if args.no_oracle else [r for seed in seeds for r in long_rounds(seed, carry, oracle=True)]
+    text = report(rounds, seeds, off, carry, by_rows, oracle)
     print(text)
     if not args.print:
         write_section("Long round against its floor (issue 34, item 3)", text)

@@ -111,3 +111,36 @@ def test_floor_is_the_same_engine_for_every_policy_and_below_each():
     assert plain.floor == best.floor
     for sim in (plain, best):
         check_run(sim.run(), sim)
+
+
+class PlacementWatch(CheckedSimulation):
+    """Notes, at each launch, the instance it went to and the instances with the fewest true tokens
+    left and with the fewest requests."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.placements: list[tuple[int, set[int], set[int]]] = []
+
+    def _launch(self, cmd) -> None:
+        left = {i.index: sum(r.target - r.tokens(i.step) for r in (*i.running.values(), *i.waiting))
+                for i in self.instances}
+        count = {i.index: len(i.running) + len(i.waiting) for i in self.instances}
+        super()._launch(cmd)
+        self.placements.append((self.where[cmd.request_id].index,
+                                {k for k, v in left.items() if v == min(left.values())},
+                                {k for k, v in count.items() if v == min(count.values())}))
+
+
+def test_oracle_placement_sends_each_launch_to_the_instance_with_the_fewest_tokens_left():
+    """engine.oracle_placement (a measurement's upper bound): the fewest true tokens left, not the
+    fewest requests, decides; the runs keep every invariant."""
+    c = SimConstants()
+    config = SimConfig(policy="tail", prompts=16, samples=4, max_tokens=8192, steps=4, instances=4, tp=1,
+                       model="qwen2.5-7b", seed=5)
+    oracle = PlacementWatch(config, attrs.evolve(c, engine=attrs.evolve(c.engine, oracle_placement=True)))
+    check_run(oracle.run(), oracle)
+    assert all(at in fewest_tokens for at, fewest_tokens, _ in oracle.placements)
+    assert any(at not in fewest_requests for at, _, fewest_requests in oracle.placements), "the knob changed nothing"
+    plain = PlacementWatch(config, c)
+    check_run(plain.run(), plain)
+    assert all(at in fewest_requests for at, _, fewest_requests in plain.placements)

@@ -77,6 +77,11 @@ class EngineConstants:
     """Most running sequences per instance: verl's max_num_seqs default (rollout.yaml)."""
     admit_watermark: float = field(default=0.01, validator=probability)
     """Share of the KV pool kept free when admitting: vLLM's watermark default (1%)."""
+    oracle_placement: bool = False
+    """Measurement only, not a mechanism (no router knows a request's length before it ends): place
+    each launch on the instance with the fewest true tokens left to generate, the upper bound of any
+    placement by predicted length.  Default: the instance with the fewest requests, the rule of
+    SGLang's router and of our embedded engines' client."""
     tp_switch_s: float = field(default=10.0, validator=non_negative_number)
     """Assumption: re-sharding weights and restarting engines when TP changes between rounds.  Charged to
     the step that switches.  `--tp-mode plan` does not weigh it when it chooses (`TpRule.switch_s` = 0):

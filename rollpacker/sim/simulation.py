@@ -286,13 +286,19 @@ class Simulation(NoticeObserver):
         reason = "length" if prefix + new >= self.config.max_tokens else "stop"
         prompt = self.workload.prompt_tokens(cmd.prompt.index) + prefix
         req = SimRequest(cmd.request_id, prompt, new, reason)
-        inst = min(self.instances, key=lambda i: (len(i.running) + len(i.waiting), i.index))
+        inst = min(self.instances, key=self._placement_key)
         inst.submit(req, self.now)
         self.where[cmd.request_id] = inst
         self.live[cmd.request_id] = req
         self.launched_keys.add(cmd.prompt)
         self.dirty.add(inst.index)
         self.siblings.launched(cmd.request_id, cmd.prompt)
+
+    def _placement_key(self, inst: Instance) -> tuple:
+        """Where a launch goes: the fewest requests (or, `engine.oracle_placement`, true tokens left)."""
+        if self.constants.engine.oracle_placement:
+            return sum(r.target - r.tokens(inst.step) for r in (*inst.running.values(), *inst.waiting)), inst.index
+        return len(inst.running) + len(inst.waiting), inst.index
 
     def _abort(self, rid: str) -> None:
         inst = self.where.get(rid)
