@@ -31,8 +31,8 @@ def run_totals(config: SimConfig, constants: SimConstants, window: int | None) -
                                                                         "pending_prompts")}
         t |= epoch_totals(t, config.prompts, 0, 0)
     t["tp"], t["tps"] = config.tp, sorted({s["tp"] for s in result["steps"]})
-    t["tp_switches_later"] = sum(1 for s in result["steps"][1:] if s["tp_switch_s"] > 0)
-    """Switches between rounds (the first round's is from the setting's TP to the plan's first choice)."""
+    t["launch_tp"] = result["steps"][0]["tp"]
+    """The TP the engines start at: the first round's (the plan's first choice; no switch charged)."""
     t["workload_mean_length"] = sim.workload.mean_length()
     for stage in ("tp_switch_s", "reward_s", "train_exposed_s"):
         t[stage + "_per_batch"] = t[stage] * config.prompts / t["trained_prompts"]

@@ -85,8 +85,8 @@ def reading(results: dict) -> str:
     serve = [b for b in blocks if b[0] == "servegen-r1"]
     bimodal = [b for b in blocks if b[0] == "synthetic-bimodal"]
     spec = [r(b, "ours (fixed TP)", "RollPacker tail") for b in blocks]
-    switches = {b: (sum(t["tp_switches"] - t["tp_switches_later"] for t in results[b + (OURS_BEST,)]),
-                    sum(t["tp_switches_later"] for t in results[b + (OURS_BEST,)]),
+    switches = {b: (sorted({t["launch_tp"] for t in results[b + (OURS_BEST,)]}),
+                    sum(t["tp_switches"] for t in results[b + (OURS_BEST,)]),
                     sorted({tp for t in results[b + (OURS_BEST,)] for tp in t["tps"]}),
                     len(results[b + (OURS_BEST,)])) for b in blocks}
     sync_spec = [r(b, "sync + speculation", "sync (veRL)") for b in blocks]
@@ -112,9 +112,9 @@ def reading(results: dict) -> str:
     out.append(f"- Elastic TP: *ours-best* (TP chosen per round by the cost model, `--tp-mode plan`, valid sizes "
                f"only) over *ours (fixed TP)* (the setting's fixed TP), both with speculation: {span(tp)}x.  What the "
                f"plan did (ours-best): " + "; ".join(
-                   f"{b[2]} ({b[0]}, between {b[1]}): rounds at TP{'/'.join(map(str, tps))}; in {runs} runs, {first} "
-                   f"switch{'es' if first != 1 else ''} before the first round (from TP{SETTINGS[b[2]][2]}) and "
-                   f"{later} between rounds" for b, (first, later, tps, runs) in switches.items())
+                   f"{b[2]} ({b[0]}, between {b[1]}): rounds at TP{'/'.join(map(str, tps))}; in {runs} runs, the "
+                   f"engines start at TP{'/'.join(map(str, launch))} (the first round's plan, no switch) and switch "
+                   f"{later} times between rounds" for b, (launch, later, tps, runs) in switches.items())
                + ".  Where no round switches, this compares one static TP against another, not switching; "
                  "each switch costs "
                  "`engine.tp_switch_s` = 10 s (an assumption), counted in the whole step (the plan does not weigh it when it "
@@ -345,7 +345,7 @@ speculative decoding in the tail (on only where the engine's own rule turns it o
 `spec.max_rows` = {spec.max_rows} running requests per instance, at the acceptance measured by
 benchmarks/spec_acceptance.py, see rollpacker/sim/speculation.py; that a 135M model's acceptance on
 short reasoning answers holds for a 7B model at 8k-32k is an assumption; {SPEC_CAVEAT}) and cost-model TP per round
-(`--tp-mode plan`, valid TP sizes only, `engine.tp_switch_s` = 10 s per switch, an assumption, charged to the step, not weighed by the plan).
+(`--tp-mode plan`, valid TP sizes only, `engine.tp_switch_s` = 10 s per switch between rounds, an assumption, charged to the step, not weighed by the plan; the first round's TP is the one the engines start at, no switch).
 *ours-best* = RollPacker tail on that engine; *ours (fixed TP)* = the same at the setting's TP.
 *sync + speculation* = sync with speculation at the setting's TP; *sync, best static TP + speculation* =
 the same at the valid TP where it is fastest (picked on seed 0, shown in the label).

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollpacker.core import ConfigError
+from rollpacker.core import ConfigError, SetTensorParallel
 from rollpacker.core.prompt_pool import PromptPool
 from rollpacker.core.records import PromptKey
 from rollpacker.sim import SimConfig, SimConstants, Simulation
@@ -83,6 +83,19 @@ def test_tp_switch_seconds_are_in_the_step():
     switched = [s for s in sim.run()["steps"] if s["tp_switch_s"] > 0]
     for s in switched:
         assert s["step_s"] >= s["tp_switch_s"] + s["rollout_s"]
+
+
+def test_the_engines_start_at_the_first_rounds_tp_and_only_a_later_switch_costs_tp_switch_s():
+    config = small(policy="tail", tp_mode="plan", instances=4, max_tokens=2048, steps=3)
+    sim = Simulation(config)
+    first = sim.run()["steps"][0]
+    assert first["tp"] != config.tp, "the case under test: the plan's first round is not at the setting's TP"
+    assert first["tp_switch_s"] == 0.0 and first["step_s"] == pytest.approx(
+        first["rollout_s"] + first["reward_s"] + first["train_exposed_s"])
+    before = sim.now  # a switch once the run launched: the assumption's seconds, in the step
+    sim.set_tensor_parallel(SetTensorParallel(1))
+    switch_s = SimConstants().engine.tp_switch_s
+    assert switch_s > 0 and sim.now - before == switch_s and sim.meter.switch_s == switch_s and sim.tp == 1
 
 
 def test_epoch_cap_refuses_a_run_that_does_not_drain(monkeypatch):

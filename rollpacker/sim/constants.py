@@ -84,7 +84,7 @@ class EngineConstants:
     SGLang's router and of our embedded engines' client."""
     tp_switch_s: float = field(default=10.0, validator=non_negative_number)
     """Assumption: re-sharding weights and restarting engines when TP changes between rounds.  Charged to
-    the step that switches.  `--tp-mode plan` does not weigh it when it chooses (`TpRule.switch_s` = 0):
+    the step that switches; the first round's TP is the one the engines start at, which is no switch.  `--tp-mode plan` does not weigh it when it chooses (`TpRule.switch_s` = 0):
     charged to the one round that switches, against that round's predicted gain, it kept every run at its
     starting TP (measured: ours-best at 32k, 64 x 7B, fell to the fixed-TP row, 1.35x instead of 2.08x
     the fastest sync), because the TP chosen then holds for many rounds that the greedy rule does not see."""

@@ -140,9 +140,11 @@ class Simulation(NoticeObserver):
         self._start_meter(switch=0.0)
 
     def set_tensor_parallel(self, command: SetTensorParallel) -> None:
-        """Rebuild the instances at the new TP before the round's launches; the switch costs `tp_switch_s`."""
+        """Rebuild the instances at the new TP before the round's launches; the switch costs `tp_switch_s`,
+        except before the run's first launch: the engines start at the first round's TP (starting an
+        engine costs the same at any TP, so that is no switch)."""
         self._build_instances(command.tp)
-        switch = self.constants.engine.tp_switch_s
+        switch = self.constants.engine.tp_switch_s if self.launched_keys else 0.0
         self.clock.advance_to(self.now + switch)
         self._start_meter(switch)
 
