@@ -2,7 +2,7 @@
 the headline setting (servegen-r1 32k, 64 x Qwen2.5-7B, P=128 R=8, speculation, TP per round) set
 against its floor and against its longest request decoded alone on one instance of the same TP.
 
-    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--max-rows 8,16,64] [--no-oracle] [--print]
+    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--max-rows 8,16,64] [--no-oracle] [--isolate 1,4] [--print]
 
 The floor (rollpacker/sim/floor.py) is the path bound: the longest response x one lone request's
 fastest time per token (no context term, speculation at its best measured acceptance).  The longest
@@ -76,12 +76,14 @@ class LaunchShares(Simulation):
         self.launches[-1].append((self.live[cmd.request_id].target, self.siblings.share(cmd.request_id)))
 
 
-def long_rounds(seed: int, carry: bool = True, max_rows: int | None = None, oracle: bool = False) -> list[dict]:
+def long_rounds(seed: int, carry: bool = True, max_rows: int | None = None, oracle: bool = False,
+                isolate: int = 0) -> list[dict]:
     """Each long round of one seed: its measured time, its floor and its longest request's alone times
-    (`max_rows`: the engine's speculation row limit, default SPEC's; `oracle`: engine.oracle_placement)."""
+    (`max_rows`: the engine's speculation row limit, default SPEC's; `oracle`: engine.oracle_placement;
+    `isolate`: engine.oracle_isolate)."""
     constants = attrs.evolve(SPEC, spec=attrs.evolve(SPEC.spec, carry_drafts=carry,
                                                      max_rows=SPEC.spec.max_rows if max_rows is None else max_rows),
-                             engine=attrs.evolve(SPEC.engine, oracle_placement=oracle))
+                             engine=attrs.evolve(SPEC.engine, oracle_placement=oracle, oracle_isolate=isolate))
     sim = LaunchShares(SimConfig(seed=seed, **HEADLINE), constants)
     result = sim.run()
     prompt = int(statistics.median(sim.workload.prompt_tokens(i) for i in range(HEADLINE["dataset_prompts"])))
@@ -107,16 +109,19 @@ def _ratio(rounds: list[dict], a: str, b: str) -> float:
 
 
 def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, carry: bool = True,
-           by_rows: dict[int, list[dict]] | None = None, oracle: list[dict] | None = None) -> str:
+           by_rows: dict[int, list[dict]] | None = None, oracle: list[dict] | None = None,
+           isolated: dict[int, list[dict]] | None = None) -> str:
     """The section: the table of `rounds` (spec.carry_drafts = `carry`), its factors, `off`'s medians,
-    those of `by_rows` (speculation row limit -> its long rounds) and of `oracle` (oracle placement)."""
+    those of `by_rows` (speculation row limit -> its long rounds), of `oracle` (oracle placement) and
+    of `isolated` (engine.oracle_isolate -> its long rounds)."""
     table = measured_table()
     med = {k: statistics.median(r[k] for r in rounds) for k in COLUMNS}
     ratio = lambda a, b: _ratio(rounds, a, b)  # noqa: E731
     knob = ("on: a deferred prompt's long round drafts from the complete responses of the short round that "
             "deferred it" if carry else "off")
     lines = [f"Command: `.venv/bin/python benchmarks/long_round.py --seeds {','.join(map(str, seeds))}"
-             f"{' --max-rows ' + ','.join(map(str, sorted(by_rows))) if by_rows else ''}` (simulator; "
+             f"{' --max-rows ' + ','.join(map(str, sorted(by_rows))) if by_rows else ''}"
+             f"{' --isolate ' + ','.join(map(str, sorted(isolated))) if isolated else ''}` (simulator; "
              f"ours-best: tail + speculation + TP per round, servegen-r1 32k, 64 x Qwen2.5-7B, P=128 R=8, 12 steps a "
              f"seed; {len(rounds)} long rounds; `spec.carry_drafts` {knob}).", "",
              "| seed | step | TP | longest response | carried share | round s | floor s | alone, best drafts s "
@@ -157,6 +162,14 @@ def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, 
                   f"{ratio('round_s', 'floor_s'):.2f} placing by request count: "
                   f"{med['round_s'] / statistics.median(r['round_s'] for r in oracle):.3f}x, the most a placement by "
                   "predicted length could give the long round here."]
+    if isolated:
+        each = "; ".join(f"the {m} longest: round {statistics.median(r['round_s'] for r in rs):.1f} s, round / floor "
+                         f"{_ratio(rs, 'round_s', 'floor_s'):.2f} ({med['round_s'] / statistics.median(r['round_s'] for r in rs):.3f}x)"
+                         for m, rs in sorted(isolated.items()))
+        lines += ["", "Isolating the longest requests, its upper bound (`--set engine.oracle_isolate=M`: each launch "
+                  "batch's M longest requests by true length get an instance each to themselves; same seeds, "
+                  f"medians): {each}.  The most a placement of the requests predicted longest on instances of their "
+                  "own could give the long round here."]
     lines += ["", "Reading: a long round lasts about as long as its longest request decoded alone without speculation. "
               "Its longest request's siblings are long too, so drafts are few while it runs, and the rows beside it "
               "keep speculation off (it runs at <= 4 rows an instance) for most of the round.  The context term is "
@@ -185,6 +198,8 @@ def main() -> None:
                          "table; empty: none)")
     ap.add_argument("--no-oracle", action="store_true",
                     help="leave out the line of the oracle placement's medians (engine.oracle_placement)")
+    ap.add_argument("--isolate", default="1,4",
+                    help="engine.oracle_isolate values to compare (one line of medians; empty: none)")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing RESULTS.md")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -194,7 +209,9 @@ def main() -> None:
     by_rows = {rows: [r for seed in seeds for r in long_rounds(seed, carry, rows)]
                for rows in (int(n) for n in args.max_rows.split(",") if n)}
     oracle = None if args.no_oracle else [r for seed in seeds for r in long_rounds(seed, carry, oracle=True)]
-    text = report(rounds, seeds, off, carry, by_rows, oracle)
+    isolated = {m: [r for seed in seeds for r in long_rounds(seed, carry, isolate=m)]
+                for m in (int(n) for n in args.isolate.split(",") if n)}
+    text = report(rounds, seeds, off, carry, by_rows, oracle, isolated)
     print(text)
     if not args.print:
         write_section("Long round against its floor (issue 34, item 3)", text)

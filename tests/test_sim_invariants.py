@@ -144,3 +144,30 @@ def test_oracle_placement_sends_each_launch_to_the_instance_with_the_fewest_toke
     plain = PlacementWatch(config, c)
     check_run(plain.run(), plain)
     assert all(at in fewest_requests for at, _, fewest_requests in plain.placements)
+
+
+class IsolationWatch(CheckedSimulation):
+    """Checks, after each launch batch, where the batch's longest requests went."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.isolated_batches = 0
+
+    def launch(self, commands) -> None:
+        super().launch(commands)
+        m = self.constants.engine.oracle_isolate
+        if len(commands) <= len(self.instances):
+            return
+        longest = sorted((c.request_id for c in commands), key=lambda rid: -self.live[rid].target)[:m]
+        for rid, inst in zip(longest, self.instances):
+            assert [r.rid for r in (*inst.running.values(), *inst.waiting)] == [rid], "alone on its instance"
+        self.isolated_batches += 1
+
+
+def test_oracle_isolation_gives_each_of_a_batchs_longest_requests_an_instance_of_its_own():
+    c = SimConstants()
+    config = SimConfig(policy="tail", prompts=16, samples=4, max_tokens=8192, steps=4, instances=4, tp=1,
+                       model="qwen2.5-7b", seed=5)
+    sim = IsolationWatch(config, attrs.evolve(c, engine=attrs.evolve(c.engine, oracle_isolate=2)))
+    check_run(sim.run(), sim)
+    assert sim.isolated_batches > 0, "the case under test: batches larger than the fleet"

@@ -82,6 +82,10 @@ class EngineConstants:
     each launch on the instance with the fewest true tokens left to generate, the upper bound of any
     placement by predicted length.  Default: the instance with the fewest requests, the rule of
     SGLang's router and of our embedded engines' client."""
+    oracle_isolate: int = field(default=0, validator=non_negative)
+    """Measurement only, not a mechanism: each launch batch's M longest requests (true lengths, which
+    no router knows) each get an instance to themselves, the upper bound of isolating the requests
+    predicted longest.  0: off."""
     tp_switch_s: float = field(default=10.0, validator=non_negative_number)
     """Assumption: re-sharding weights and restarting engines when TP changes between rounds.  Charged to
     the step that switches; the first round's TP is the one the engines start at, which is no switch.  `--tp-mode plan` does not weigh it when it chooses (`TpRule.switch_s` = 0):

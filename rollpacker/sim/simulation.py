@@ -235,6 +235,31 @@ class Simulation(NoticeObserver):
     def launch(self, commands: Sequence[LaunchRequest]) -> None:
         for cmd in commands:
             self._launch(cmd)
+        self._isolate_longest([cmd.request_id for cmd in commands])
+
+    def _isolate_longest(self, rids: list[str]) -> None:
+        """`engine.oracle_isolate` = M (measurement only): the batch's M longest requests by true length
+        each get one of the first M instances to themselves; the batch's others there move to the rest."""
+        m = self.constants.engine.oracle_isolate
+        if not m or len(rids) <= len(self.instances) or m >= len(self.instances):
+            return
+        top = sorted(rids, key=lambda rid: -self.live[rid].target)[:m]
+        reserved, others = self.instances[:m], self.instances[m:]
+        for rid, inst in [(rid, self.where[rid]) for rid in rids if rid not in top and self.where[rid] in reserved]:
+            self._move(rid, inst, min(others, key=self._placement_key))
+        for rid, inst in zip(top, reserved):
+            for other in [r.rid for r in (*inst.running.values(), *inst.waiting) if r.rid != rid]:
+                self._move(other, inst, min(others, key=self._placement_key))
+            self._move(rid, self.where[rid], inst)
+
+    def _move(self, rid: str, source: Instance, to: Instance) -> None:
+        """Take `rid` off `source` and queue it on `to` (its generated tokens are prefilled there again)."""
+        if source is to:
+            return
+        req = source.remove(rid, self.now)
+        to.submit(req, self.now)
+        self.where[rid] = to
+        self.dirty |= {source.index, to.index}
 
     def abort(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
