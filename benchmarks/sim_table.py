@@ -177,8 +177,10 @@ context (t2) term and prefill, and takes the best valid TP and speculation whate
 with, so no row reaches it; how far each stays is the rollout / floor column.
 
 TP planning (tail and sync, the same measure, seed {args.seeds[0]}; *plan* = cost-model TP per round from
-predicted lengths, *online* = RollPacker's preemption rule; a TP change costs
-`engine.tp_switch_s` = 10 s, an assumption, counted in the whole step; the plan does not weigh it):
+predicted lengths, *online* = RollPacker's preemption rule; *start TP* is the setting's, where the
+fixed and online rules start; the plan's engines start at its first round's TP, which is no switch; a
+TP change between rounds costs `engine.tp_switch_s` = 10 s, an assumption, counted in the whole step;
+the plan does not weigh it; *TP switches* counts those changes, with the TPs the rounds ran at):
 
 {chr(10).join(tp_lines)}
 """
