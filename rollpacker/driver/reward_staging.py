@@ -32,12 +32,17 @@ class RewardStaging:
         """Reward jobs of kept samples until their first answer (a hedge runs the same job again)."""
         self._deadlines: list[float] = []
         """The started scorings' `StartScoring.deadline`s, a heap."""
-        self.grace_s = executor.start_grace_s if isinstance(executor, LateStartingRewardExecutor) else 0.0
-        """How long past a deadline the core expires (the executor's own timeout comes first)."""
         self._hedged: set[str] = set()
         """Samples with hedged copies in flight: the first answer cancels the others."""
         self._hedge_due: list[float] = []
         """Heap of the StartScoring `hedge_at` times still ahead (each a HedgeDue for the core)."""
+
+    @property
+    def grace_s(self) -> float:
+        """How long past a deadline the core expires (the executor's own timeout comes first): read
+        at each use, since the pool's grace grows with the worker starts it measures."""
+        executor = self.executor
+        return executor.start_grace_s if isinstance(executor, LateStartingRewardExecutor) else 0.0
 
     def stage(self, request_id: str, job: RewardJob) -> None:
         """A kept sample's job, until the core starts its scoring."""
