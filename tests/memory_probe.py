@@ -2,7 +2,8 @@
 and KV cache while it decodes, the trainer's state, and a worst-case padded micro-batch: one
 full-length response beside many one-token ones), then print the memory plan's items and the
 measured peak (CPU: ru_maxrss above the peak after imports; CUDA: torch.cuda.max_memory_allocated)
-as one JSON line.  Used by tests/test_memory_plan.py.
+as one JSON line; with `"probe": "graphs"`, what the engine's CUDA graphs keep instead (`graphs`).
+Used by tests/test_memory_plan.py and tests/test_engine_graphs.py.
 
     python tests/memory_probe.py '{"model": DIR, "device": "cpu", "dtype": "float32", "capacity": 32,
                                    "prompt": 64, "max_tokens": 448, "micro_batch_tokens": 512}'
@@ -54,7 +55,49 @@ class HostPeak:
         return max(hiwater, self.anon_max - self.anon0) if self.anon0 is not None else hiwater
 
 
+def graphs(spec: dict) -> dict:
+    """CUDA: what the engine's decode graphs keep, as the first engine of a fresh process holds it (a
+    process that already ran CUDA work holds part of it before the engine starts: measured 1,089 MiB
+    alone against 760 MiB after other tests, on an H100): the KV cache, the graphs' logits buffers, and
+    what the allocator and the device hold beyond the KV cache once the engine is built, against the plan."""
+    import torch
+
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
+    from rollpacker.backends.models import load_model, read_config_json
+    from rollpacker.train.memory_plan import LOGITS_CHUNK_TOKENS, ModelShape, cuda_graph_bytes, plan_memory
+
+    shape = ModelShape.from_config(read_config_json(spec["model"]))
+    sizes = dict(engine_capacity=spec["capacity"], prompt_tokens=spec["prompt"], max_tokens=spec["max_tokens"])
+    spec_rows, spec_tokens = spec["spec_max_rows"], spec["spec_tokens"]
+    plan = plan_memory(shape, dtype="bfloat16", micro_batch_tokens=spec["micro_batch_tokens"], budget=2**50,
+                       logits_chunk_tokens=LOGITS_CHUNK_TOKENS, device="cuda", spec_max_rows=spec_rows,
+                       spec_tokens=spec_tokens, cuda_graphs=True, **sizes)
+    model = load_model(spec["model"], dtype="bfloat16", device="cuda")[0]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved, free = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[0]
+    engine = EmbeddedEngine(model, capacity=spec["capacity"], stop_token_ids=(), spec_max_rows=spec_rows,
+                            spec_tokens=spec_tokens, kv_tokens_per_row=plan.kv_tokens_per_row)
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        runner = engine._runner
+        kv = engine.memory_bytes()["kv_cache"]
+        storages = {g.logits.untyped_storage().data_ptr(): g.logits.untyped_storage().nbytes()
+                    for g in runner._graphs.values()}
+        return {"kv": kv, "plan_kv": plan.items["kv_cache"], "graphs": len(runner._graphs),
+                "keys_match": set(runner._graphs) == set(runner.graph_keys()),
+                "logits_buffers": len(storages), "outputs": sum(storages.values()),
+                "plan_outputs": cuda_graph_bytes(shape, 2, runner.graph_keys())[0],
+                "pool": torch.cuda.memory_reserved() - reserved - kv,
+                "device": free - torch.cuda.mem_get_info()[0] - kv, "plan_graphs": plan.items["cuda_graphs"]}
+    finally:
+        engine.close()
+
+
 def main(spec: dict) -> dict:
+    if spec.get("probe") == "graphs":
+        return graphs(spec)
     import torch
     import transformers  # noqa: F401 - imports before the baseline: the runtime is not the plan's
 
@@ -96,6 +139,17 @@ def main(spec: dict) -> dict:
         peak = host.peak()
     return {"plan": plan.items, "plan_total": plan.total, "forward_tokens": plan.forward_tokens,
             "kv_tokens_per_row": plan.kv_tokens_per_row, "peak": peak, "baseline": 0 if host is None else host.rss0}
+
+
+def run_probe(spec: dict) -> dict:
+    """This file in a fresh process (its CUDA state or RSS is the run's, not the test session's): the JSON it prints."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "tests/memory_probe.py", json.dumps(spec)], cwd=root,
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -104,19 +104,12 @@ def test_train_prints_the_plan_and_refuses_a_run_that_cannot_fit(tmp_path):
 def _probe(device: str, dtype: str, **sizes) -> dict:
     """tests/memory_probe.py in a fresh process: what a colocated run allocates, with a worst-case
     padded micro-batch (one full-length response beside one-token ones), against the plan."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
+    from memory_probe import run_probe
 
     from rollpacker.backends.models import tiny_random_llama
 
-    root = Path(__file__).resolve().parents[1]
-    spec = {"model": str(tiny_random_llama(num_layers=4, hidden_size=256)), "device": device, "dtype": dtype, **sizes}
-    proc = subprocess.run([sys.executable, "tests/memory_probe.py", json.dumps(spec)], cwd=root,
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_probe({"model": str(tiny_random_llama(num_layers=4, hidden_size=256)), "device": device, "dtype": dtype,
+                      **sizes})
 
 
 @pytest.mark.timeout(300)
@@ -150,7 +143,7 @@ def test_cuda_graphs_are_one_float32_logits_buffer_plus_the_largest_forward():
     as wide as the widest graph (256 rows x 1 token; a verify is at most 4 x 5)."""
     plan = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True)
     assert plan.kv_tokens_per_row == 1028 and plan.items["kv_cache"] == 256 * 1028 * 30 * 2 * 3 * 64 * 4
-    outputs = 256 * 49152 * 4 + 10 * 2**20 * (14 * 5 + 3 * 4 * 5)  # and each graph's measured pool overhead
+    outputs = 256 * 49152 * 4 + 16 * 2**20 * (14 * 5 + 3 * 4 * 5)  # and each graph's measured pool overhead
     # the largest forward: 256 rows x 1 token over 1028 columns: 3 float32 score copies (9 heads), the MLP
     workspace = 256 * (3 * 9 * 1028 * 4 + (3 * 1536 + 4 * 576) * 4)
     assert plan.items["cuda_graphs"] == outputs + workspace
@@ -159,7 +152,7 @@ def test_cuda_graphs_are_one_float32_logits_buffer_plus_the_largest_forward():
     assert bf16.items["cuda_graphs"] == outputs + 256 * (3 * 9 * 1028 * 4 + 49152 * 2 + (3 * 1536 + 4 * 576) * 2)
     # no speculation: no drafts' columns, no verify graphs
     assert smollm2_plan(spec_tokens=4, cuda_graphs=True).items["cuda_graphs"] == \
-        256 * 49152 * 4 + 10 * 2**20 * 14 * 4 + 256 * (3 * 9 * 1024 * 4 + (3 * 1536 + 4 * 576) * 4)
+        256 * 49152 * 4 + 16 * 2**20 * 14 * 4 + 256 * (3 * 9 * 1024 * 4 + (3 * 1536 + 4 * 576) * 4)
     # colocated, the graphs go with the engine's weights
     colocated = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True, colocate=True)
     engine = sum(plan.items[k] for k in ("engine_weights", "kv_cache", "cuda_graphs"))
