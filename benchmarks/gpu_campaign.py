@@ -38,6 +38,10 @@ copying them out each time:
     $C --part tests; cp -r /tmp/campaign $OUT/           # ~4 min
     $C --part compare; cp -r /tmp/campaign $OUT/         # ~6 min
     $C --part fidelity; cp -r /tmp/campaign $OUT/        # ~7 min; "fidelity: complete" (else call it again)
+
+With little device time, one call runs what fits: `--part env,engine,trainer,spec,tests,compare
+--deadline-s 540 --logs $OUT/logs --results $OUT/RESULTS.md` (logs straight into $OUT, so a call cut
+short still returns what finished); a part that no longer fits is skipped and named.
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ TRAIN_SIZES = {"full": ["--steps", "6", "--prompts", "16", "--samples", "8", "--
                         "--engine-capacity", "160", "--micro-batch-tokens", "1024", "--dataset-size", "512",
                         "--reward-workers", "8"],
                "tiny": ["--preset", "tiny_debug", "--steps", "1"]}
+# seconds each part took on a lent H100 (2026-11-26, full sizes; fidelity: its one-call budget): --deadline-s
+# skips a part that no longer fits, so one device call runs what fits in the time left
+PART_SECONDS = {"env": 15, "engine": 170, "trainer": 20, "spec": 45, "tests": 125, "compare": 180, "fidelity": 480}
 # what the campaign imports: required, and optional with what needs it
 REQUIRED_MODULES = ("torch", "transformers", "safetensors", "attrs", "immutables", "numpy", "aiohttp", "tyro",
                     "tqdm", "matplotlib", "gguf", "reasoning_gym")
@@ -98,6 +105,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="steps of each fidelity run (default: benchmarks/fidelity.py's gpu setting; tiny: 2)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="seconds a part may run (its child is stopped at the limit; fidelity resumes next call)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="seconds this call may take in all: a part is skipped (and said so) when less time is left "
+                         "than it took on an H100 (PART_SECONDS), and no part runs past the deadline")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes: a CPU smoke run of every part")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_campaign", help="run directory")
     ap.add_argument("--logs", type=Path, default=None, help="each part's <part>.log and figures.jsonl (default: OUT/logs)")
@@ -329,9 +339,18 @@ def main(argv: list[str]) -> int:
              "tests": ("GPU tests", run_tests, tests_body),
              "compare": (f"Reference trainer: {args.policies.replace(',', ' vs ')}", run_policies, policies_body),
              "fidelity": ("Fidelity: reward curves", run_fidelity, fidelity_body)}
-    failed = []
+    failed, skipped, began, budget = [], [], time.monotonic(), args.budget_s
     for part in args.parts:
         subsection, run, body_of = parts[part]
+        if args.deadline_s is not None:
+            left = args.deadline_s - (time.monotonic() - began)
+            if left < PART_SECONDS[part]:
+                print(f"== {part}: skipped: {left:.0f} s left of --deadline-s {args.deadline_s:.0f}, and it took "
+                      f"~{PART_SECONDS[part]} s on an H100 ==", flush=True)
+                append_figures(args, part, {"skipped": f"{left:.0f} s left, needs ~{PART_SECONDS[part]} s"})
+                skipped.append(part)
+                continue
+            args.budget_s = min(budget, left)
         print(f"== {part}: {subsection} ==", flush=True)
         start = time.monotonic()
         try:
@@ -348,6 +367,8 @@ def main(argv: list[str]) -> int:
         if part == "fidelity":
             print(f"fidelity: {figures['what']}: {'complete' if figures['complete'] else 'incomplete, call again'}",
                   flush=True)
+    if skipped:
+        print(f"skipped for the deadline: {', '.join(skipped)} (run them in another call)", flush=True)
     return 1 if failed else 0
 
 

@@ -114,31 +114,42 @@ def main(spec: dict) -> dict:
                        micro_batch_tokens=mbt, logits_chunk_tokens=LOGITS_CHUNK_TOKENS, budget=2**50, device=device,
                        cuda_graphs=cuda)
     host = None if cuda else HostPeak()
+    phases: dict[str, dict] = {}
+
+    def phase(name: str) -> None:  # CUDA: allocated after each phase and its own peak, to say where the peak is
+        if cuda:
+            torch.cuda.synchronize()
+            phases[name] = {"allocated": torch.cuda.memory_allocated(), "peak": torch.cuda.max_memory_allocated()}
+            torch.cuda.reset_peak_memory_stats()
 
     model, _ = load_model(spec["model"], dtype=spec["dtype"], device=device)
     engine = EmbeddedEngine(model, capacity=spec["capacity"], device=device, stop_token_ids=(),
                             kv_tokens_per_row=plan.kv_tokens_per_row, spec_max_rows=0)
+    phase("engine built")
     engine.submit([GenerationRequest(f"r{i}", tuple(range(3, 3 + prompt)), max_tokens, temperature=0.0)
                    for i in range(spec["capacity"])])
     while len(engine._batch.scheduler.running) < spec["capacity"]:  # every row admitted: the KV cache is allocated
         time.sleep(0.05)
     engine.pause()  # held, not decoding: the trainer has the cores
+    phase("rows admitted")
     trainer = TorchTrainer(TorchTrainerConfig(model_dir=spec["model"], dtype=spec["dtype"], device=device, lr=1e-5,
                                               max_forward_tokens=plan.forward_tokens))
+    phase("trainer built")
     ids = tuple(range(5, 5 + prompt))
     rows = [TrainSample(ids, tuple(range(7, 7 + max_tokens)), 1.0, 1.0)]
     rows += [TrainSample(ids, (9,), -1.0, 1.0) for _ in range(mbt - max_tokens)]  # budgeted: mbt response tokens
     trainer.forward_backward(MicroBatch(tuple(rows)))
+    phase("forward_backward")
     trainer.optimizer_step(float(mbt))
+    phase("optimizer_step")
     engine.update_weights(trainer.export_weights(), 1)
+    phase("weight sync")
     engine.abort([f"r{i}" for i in range(spec["capacity"])])
     engine.close()
-    if cuda:
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        peak = host.peak()
+    peak = max(p["peak"] for p in phases.values()) if cuda else host.peak()
     return {"plan": plan.items, "plan_total": plan.total, "forward_tokens": plan.forward_tokens,
-            "kv_tokens_per_row": plan.kv_tokens_per_row, "peak": peak, "baseline": 0 if host is None else host.rss0}
+            "kv_tokens_per_row": plan.kv_tokens_per_row, "peak": peak, "baseline": 0 if host is None else host.rss0,
+            "phases": phases}
 
 
 def run_probe(spec: dict) -> dict:

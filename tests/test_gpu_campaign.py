@@ -79,6 +79,24 @@ def test_a_failing_part_keeps_its_stderr_and_the_other_parts(tmp_path):
     assert [f["part"] for f in figures] == ["engine", "compare", "env"] and figures[2]["missing_required"] == []
 
 
+@pytest.mark.timeout(240)
+def test_deadline_skips_the_parts_that_no_longer_fit_and_names_them(tmp_path):
+    """--deadline-s 60: env (15 s on an H100) runs; engine (170 s) does not fit in what is left, so it is
+    skipped, said so, recorded in figures.jsonl and never started (no engine.log); the call succeeds."""
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer", "torch",
+           "--out", str(tmp_path / "runs"), "--logs", str(logs), "--results", str(tmp_path / "R.md"),
+           "--part", "env,engine", "--deadline-s", "60"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"== engine: skipped: \d+ s left of --deadline-s 60, and it took ~170 s on an H100 ==", proc.stdout)
+    assert "skipped for the deadline: engine" in proc.stdout
+    figures = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
+    assert [f["part"] for f in figures] == ["env", "engine"] and "skipped" in figures[1] and "error" not in figures[1]
+    assert (logs / "env.log").exists() and not (logs / "engine.log").exists()
+    assert "### Environment" in (tmp_path / "R.md").read_text()
+
+
 @pytest.mark.timeout(60)
 def test_campaign_falls_back_to_the_torch_trainer_where_titan_cannot_import():
     """As on the lent GPU machines (torch 2.11: simulated by removing the name TorchTitan misses)."""

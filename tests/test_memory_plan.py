@@ -131,7 +131,11 @@ def test_plan_covers_the_measured_host_peak_of_a_worst_case_padded_micro_batch()
 def test_plan_covers_torch_cuda_max_memory_allocated():
     """CUDA, bfloat16 (autocast over float32 master weights), the campaign's sizes on the tiny model."""
     r = _probe("cuda", "bfloat16", capacity=128, prompt=128, max_tokens=512, micro_batch_tokens=1024)
-    assert r["plan_total"] / 4 <= r["peak"] <= r["plan_total"], r
+    mb = lambda n: f"{n / 1e6:.1f}"  # noqa: E731
+    where = "; ".join(f"{name}: peak {mb(p['peak'])}, then {mb(p['allocated'])}" for name, p in r["phases"].items())
+    assert r["plan_total"] / 4 <= r["peak"] <= r["plan_total"], (
+        f"peak {mb(r['peak'])} MB vs plan {mb(r['plan_total'])} MB "
+        f"({', '.join(f'{k} {mb(v)}' for k, v in r['plan'].items())}); by phase, MB: {where}")
 
 
 # -- the embedded engine's items: speculation's columns and the CUDA graphs -------------------------
