@@ -201,11 +201,12 @@ def run_spec(args: argparse.Namespace, size: str) -> dict:
 
 def run_tests(args: argparse.Namespace, size: str) -> dict:
     """Every gpu-marked test under tests/, selected by the marker (no list of files to fall behind);
-    `-o addopts=-ra`: pyproject's addopts need pytest-benchmark."""
+    `-o addopts=-ra`: pyproject's addopts need pytest-benchmark; `-v`: a call cut short still shows
+    each finished test's outcome in the log."""
     import importlib.util
 
     timeout = ["--timeout", "240"] if importlib.util.find_spec("pytest_timeout") else []
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-o", "addopts=-ra", "-p", "no:cacheprovider", "-q",
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-o", "addopts=-ra", "-p", "no:cacheprovider", "-v",
            "--durations=8", *timeout, "tests"]
     proc = run_logged(cmd, args, "tests", check=False)
     summary = next((line for line in reversed(proc.stdout.splitlines())
