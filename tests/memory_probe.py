@@ -1,7 +1,7 @@
 """Run in a fresh process: allocate what a colocated run allocates (the embedded engine's weights
 and KV cache while it decodes, the trainer's state, and a worst-case padded micro-batch: one
 full-length response beside many one-token ones), then print the memory plan's items and the
-measured peak (CPU: ru_maxrss above the peak after imports; CUDA: torch.cuda.max_memory_allocated)
+measured peak (CPU: the RSS high-water mark above the RSS after imports; CUDA: torch.cuda.max_memory_allocated)
 as one JSON line; with `"probe": "graphs"`, what the engine's CUDA graphs keep instead (`graphs`).
 Used by tests/test_memory_plan.py and tests/test_engine_graphs.py.
 
@@ -29,8 +29,10 @@ def _status_bytes(field: str) -> int:
 class HostPeak:
     """The peak of this process's memory above what it holds at start, robust to a fresh environment
     (compiling bytecode at import peaks above what the runtime keeps: the RSS high-water mark is
-    reset to the current RSS) and to memory pressure from other processes (the kernel may drop the
-    libraries' clean pages, so anonymous memory is also sampled every 2 ms)."""
+    reset to the current RSS), to its parent (the high-water mark is /proc's VmHWM, not
+    getrusage's ru_maxrss: that one keeps the peak of the process image exec replaced, so a probe
+    started by a test session that holds 2 GB read 2 GB) and to memory pressure from other processes
+    (the kernel may drop the libraries' clean pages, so anonymous memory is also sampled every 2 ms)."""
 
     def __init__(self) -> None:
         try:
@@ -51,8 +53,9 @@ class HostPeak:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        hiwater = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.rss0
-        return max(hiwater, self.anon_max - self.anon0) if self.anon0 is not None else hiwater
+        if self.anon0 is None:
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.rss0
+        return max(_status_bytes("VmHWM") - self.rss0, self.anon_max - self.anon0)
 
 
 def graphs(spec: dict) -> dict:

@@ -294,14 +294,16 @@ def hang(task, entry, response):
 @pytest.mark.timeout(90)
 def test_reward_dispatcher_that_cannot_replace_a_worker_fails_loudly():
     """A worker killed at its deadline needs a replacement; with no file descriptor left for its
-    pipe the dispatcher dies, and submit/poll say so instead of waiting forever."""
+    pipe the dispatcher dies, and submit/poll say so instead of waiting forever.  (The soft limit is
+    3, so no descriptor can open above stdin, stdout and stderr, and the dispatcher's poll of its 2 stays
+    legal: a limit of "the number open now" failed once in a full `make test`, where something else in the
+    process closed descriptors and the replacement started.)"""
     executor = ProcessRewardExecutor(1, scorer=hang, warmup=None)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         executor.submit(RewardJob("rp000000000001", "t", None, "r", deadline_s=0.5))
-        time.sleep(0.2)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), hard))
-        outcomes, deadline = [], time.monotonic() + 30
+        resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))
+        outcomes, deadline = [], time.monotonic() + 60
         with pytest.raises(RewardExecutorFailed, match="dispatcher thread died") as info:
             while time.monotonic() < deadline:
                 outcomes += executor.poll(0.5)
@@ -311,6 +313,26 @@ def test_reward_dispatcher_that_cannot_replace_a_worker_fails_loudly():
         assert [(o.request_id, o.status) for o in outcomes] == [("rp000000000001", "timeout")]
         with pytest.raises(RewardExecutorFailed):
             executor.submit(RewardJob("rp000000000002", "t", None, "r", deadline_s=0.5))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        executor.close()
+
+
+@pytest.mark.timeout(90)
+def test_reward_dispatcher_whose_shutdown_fails_too_still_says_so():
+    """With no descriptor at all (soft limit 0) the dispatcher's own wait fails, and so does stopping its
+    worker: poll raises, naming the first cause, instead of returning nothing forever."""
+    executor = ProcessRewardExecutor(1, scorer=hang, warmup=None)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        executor.submit(RewardJob("rp000000000001", "t", None, "r", deadline_s=0.5))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (0, hard))
+        deadline = time.monotonic() + 60
+        with pytest.raises(RewardExecutorFailed, match="dispatcher thread died") as info:
+            while time.monotonic() < deadline:
+                executor.poll(0.5)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert isinstance(info.value.__cause__, OSError)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         executor.close()

@@ -223,11 +223,14 @@ class ProcessRewardExecutor:
                 self._withdraw()
                 self._enforce_deadlines()
         except BaseException as exc:  # surfaced by submit and poll, once every held job has its outcome
-            traceback.print_exc()
             failure = exc
-        finally:
+            traceback.print_exc()
+        try:
             self._shutdown()
-            self._failure = failure
+        except BaseException as exc:  # (out of descriptors, say): still surfaced, never a silent hang
+            failure = failure or exc
+            traceback.print_exc()
+        self._failure = failure
 
     def _assign(self) -> None:
         for w in self._workers:
