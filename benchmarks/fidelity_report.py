@@ -94,7 +94,10 @@ def run_row(c: Curve, level: float | None) -> dict:
             "train_s": c.train_time(), "step_s": c.train_time() / len(c.steps),
             "time_to_level": None if reached is None else c.train_time(reached["step"]),
             "step_to_level": None if reached is None else reached["step"],
-            "eval_prompts": evals[-1]["eval_prompts"] if evals else None}
+            "eval_prompts": evals[-1]["eval_prompts"] if evals else None,
+            "sampled_start": evals[0].get("eval_sampled_reward") if evals and evals[0]["step"] == 0 else None,
+            "sampled_final": _mean(e["eval_sampled_reward"] for e in trained[-LAST:] if "eval_sampled_reward" in e),
+            "eval_samples": evals[-1].get("eval_samples") if evals else None}
 
 
 def reward_level(curves: list[Curve]) -> float | None:
@@ -118,9 +121,13 @@ def policy_rows(rows: list[dict]) -> dict[str, dict]:
     for policy in dict.fromkeys(r["policy"] for r in rows):
         finals = [r["eval_final"] for r in rows if r["policy"] == policy and r["eval_final"] is not None]
         times = [r["step_s"] for r in rows if r["policy"] == policy]
+        sampled = [r["sampled_final"] for r in rows if r["policy"] == policy and r["sampled_final"] is not None]
         if finals:
             out[policy] = {"final": statistics.fmean(finals), "spread": max(finals) - min(finals), "seeds": len(finals),
                            "step_s": statistics.fmean(times)}
+        if finals and sampled:
+            out[policy].update(sampled=statistics.fmean(sampled), sampled_spread=max(sampled) - min(sampled),
+                               sampled_seeds=len(sampled))
     return out
 
 
@@ -134,8 +141,11 @@ def reading(per_policy: dict[str, dict], rows: list[dict]) -> list[str]:
                      f"{0.5 / eval_n ** 0.5:.3f}; the final figure averages {LAST} (correlated) evaluations.")
     for r in rows:
         if r["policy"] == "sync" and r["eval_start"] is not None and r["eval_final"] is not None:
+            sampled = (f"; sampled, {r['sampled_start']:.3f} and {r['sampled_final']:.3f} "
+                       f"({r['sampled_final'] - r['sampled_start']:+.3f})"
+                       if r["sampled_start"] is not None and r["sampled_final"] is not None else "")
             lines.append(f"sync seed {r['seed']}: held-out reward {r['eval_start']:.3f} before training, "
-                         f"{r['eval_final']:.3f} at the end ({r['eval_final'] - r['eval_start']:+.3f}).")
+                         f"{r['eval_final']:.3f} at the end ({r['eval_final'] - r['eval_start']:+.3f}){sampled}.")
     lines.append("Step times come from whatever else the machine ran meanwhile: runs made at different loads (a shared "
                  "CPU) compare only roughly; the tokens kept and wasted per step are in the metrics.")
     if sync is None:
@@ -143,12 +153,20 @@ def reading(per_policy: dict[str, dict], rows: list[dict]) -> list[str]:
     for policy, p in per_policy.items():
         if policy == "sync":
             continue
-        diff, spread, seeds = p["final"] - sync["final"], max(p["spread"], sync["spread"]), min(p["seeds"], sync["seeds"])
-        where = f"{'beyond' if abs(diff) > spread else 'within'} the larger seed range, {spread:.3f}" if seeds > 1 \
-            else "one seed: no seed range to compare it with"
-        lines.append(f"{policy} - sync, final held-out reward: {diff:+.3f} ({where}); mean step {p['step_s']:.1f} s "
-                     f"vs sync's {sync['step_s']:.1f} s ({sync['step_s'] / p['step_s']:.2f}x sync's speed).")
+        line = f"{policy} - sync, final held-out reward: {_against(p, sync, 'final', 'spread', 'seeds')}"
+        if "sampled" in p and "sampled" in sync:
+            line += f"; sampled: {_against(p, sync, 'sampled', 'sampled_spread', 'sampled_seeds')}"
+        lines.append(f"{line}; mean step {p['step_s']:.1f} s vs sync's {sync['step_s']:.1f} s "
+                     f"({sync['step_s'] / p['step_s']:.2f}x sync's speed).")
     return lines
+
+
+def _against(p: dict, sync: dict, key: str, spread_key: str, seeds_key: str) -> str:
+    """`p`'s figure minus sync's, and whether that is beyond the larger of their seed ranges."""
+    diff, spread = p[key] - sync[key], max(p[spread_key], sync[spread_key])
+    where = (f"{'beyond' if abs(diff) > spread else 'within'} the larger seed range, {spread:.3f}"
+             if min(p[seeds_key], sync[seeds_key]) > 1 else "one seed: no seed range to compare it with")
+    return f"{diff:+.3f} ({where})"
 
 
 def _f(value, fmt: str = ".3f") -> str:
@@ -156,12 +174,14 @@ def _f(value, fmt: str = ".3f") -> str:
 
 
 def table_lines(rows: list[dict], target: int, level: float | None) -> list[str]:
+    samples = next((r["eval_samples"] for r in rows if r.get("eval_samples")), None)
+    sampled = lambda r: (f" {_f(r['sampled_start'])} -> {_f(r['sampled_final'])} |" if samples else "")  # noqa: E731
     lines = ["Every figure of a row is over the steps that all policies of its seed reached (the plot shows whole runs).",
              "",
              f"| policy | seed | steps | held-out reward: before -> final (mean of the last {LAST} evals after a step) "
-             f"| trained reward, first {LAST} -> last {LAST} steps (they overlap below {2 * LAST} steps) | kept length, first -> last {LAST} steps | launched length | held-out "
+             f"|{f' held-out reward, sampled ({samples} a prompt): before -> final |' if samples else ''} trained reward, first {LAST} -> last {LAST} steps (they overlap below {2 * LAST} steps) | kept length, first -> last {LAST} steps | launched length | held-out "
              f"length | mean step s | training s | s (step) to held-out reward {_f(level)} |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---" * (12 if samples else 11) + "|"]
     for r in rows:
         notes = ([] if r["steps"] >= target else [f"partial, of {target}"]) + (
             [f"compared over its first {r['compared_steps']}"] if r["compared_steps"] < r["steps"] else [])
@@ -169,7 +189,7 @@ def table_lines(rows: list[dict], target: int, level: float | None) -> list[str]
         reach = "not reached" if r["time_to_level"] is None else f"{r['time_to_level']:.0f} ({r['step_to_level']})"
         lines.append(
             f"| {r['policy']} | {r['seed']} | {r['steps']}{partial} | {_f(r['eval_start'])} -> {_f(r['eval_final'])} "
-            f"({r['final_evals']} evals) | {_f(r['train_reward_first'])} -> {_f(r['train_reward_last'])} | "
+            f"({r['final_evals']} evals) |{sampled(r)} {_f(r['train_reward_first'])} -> {_f(r['train_reward_last'])} | "
             f"{_f(r['kept_first'], '.1f')} -> {_f(r['kept_last'], '.1f')} | {_f(r['launched_first'], '.1f')} -> "
             f"{_f(r['launched_last'], '.1f')} | {_f(r['eval_length_first'], '.1f')} -> {_f(r['eval_length_last'], '.1f')} | "
             f"{r['step_s']:.1f} | {r['train_s']:.0f} | {reach} |")
@@ -189,7 +209,10 @@ def plot(curves: list[Curve], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("held-out reward (greedy)", "eval"), (f"trained samples' reward\n({SMOOTH}-step mean)", "mean_reward"),
+    panels = [("held-out reward (greedy)", "eval_reward")]
+    if any("eval_sampled_reward" in e for c in curves for e in c.evals):
+        panels.append(("held-out reward (sampled\nas trained)", "eval_sampled_reward"))
+    panels += [(f"trained samples' reward\n({SMOOTH}-step mean)", "mean_reward"),
               (f"kept (trained) length\n({SMOOTH}-step mean)", "mean_kept_length"),
               (f"launched length, aborted at\ntheir cut ({SMOOTH}-step mean)", "mean_generated_length")]
     fig, axes = plt.subplots(len(panels), 2, figsize=(12, 3.2 * len(panels)), sharex="col")
@@ -198,8 +221,9 @@ def plot(curves: list[Curve], path: Path) -> None:
         style = dict(color=STYLES.get(c.policy), linestyle=DASHES[seeds.index(c.seed) % len(DASHES)], label=c.label)
         times = [0.0, *c.cumulative_time()]
         for row, (_, key) in enumerate(panels):
-            if key == "eval":
-                xs, ys = [e["step"] for e in c.evals], [e["eval_reward"] for e in c.evals]
+            if key.startswith("eval"):
+                evals = [e for e in c.evals if key in e]
+                xs, ys = [e["step"] for e in evals], [e[key] for e in evals]
                 ts = [times[min(s, len(times) - 1)] for s in xs]
                 style_here = dict(style, marker=".")
             else:

@@ -53,6 +53,8 @@ def test_runs_resume_across_calls_and_the_report_needs_only_the_metrics(tmp_path
     assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2]
     evals = lines(sync / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 1, 2, 3] and all(e["eval_prompts"] == 2 for e in evals)
+    assert all(e["eval_samples"] == 2 and 0 <= e["eval_sampled_reward"] <= 1 and e["eval_sampled_length"] > 0
+               for e in evals)  # the tiny setting's --eval-samples 2: sampled as trained, beside greedy
 
     shutil.rmtree(state)  # a fresh machine: the committed metrics are all that is left of the run
     plot.unlink()
@@ -64,6 +66,7 @@ def test_runs_resume_across_calls_and_the_report_needs_only_the_metrics(tmp_path
     assert "## Simulator\n\nkept as it is" in text
     section = text[text.index("## Fidelity: reward curves of sync, tail and unbiased tail (tiny)"):]
     rows = re.findall(r"^\| (sync) \| 0 \| (\d+)( \(partial, of 4\))? \|", section, re.M)
+    assert "held-out reward, sampled (2 a prompt)" in section
     assert rows == [("sync", "3", " (partial, of 4)")] and "**Partial**" in section
     plot.unlink()
     call("--steps", "4", "--report")  # no training at all: the plot again
@@ -78,8 +81,10 @@ def test_eval_every_is_checked_before_any_model_loads(tmp_path):
     data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
     for flags, line in ((["--dataset", data, "--prompt-key", "prompt", "--answer-key", "answer", "--eval-every", "2"],
                          "error: --eval-every draws its held-out set from --tasks: it does not apply to --dataset"),
-                        (["--eval-every", "-1"], "error: --eval-every must be >= 0 and --eval-prompts >= 1, got -1 and 64"),
-                        (["--eval-every", "2", "--eval-prompts", "0"], "--eval-prompts >= 1, got 2 and 0")):
+                        (["--eval-every", "-1"], "error: --eval-every and --eval-samples must be >= 0 and --eval-prompts "
+                                                 ">= 1, got -1, 0 and 64"),
+                        (["--eval-every", "2", "--eval-samples", "-2"], "--eval-prompts >= 1, got 2, -2 and 64"),
+                        (["--eval-every", "2", "--eval-prompts", "0"], "--eval-prompts >= 1, got 2, 0 and 0")):
         proc = subprocess.run([sys.executable, "reference/train.py", *map(str, flags), "--out", str(tmp_path / "run")],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

