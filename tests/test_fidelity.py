@@ -126,3 +126,20 @@ def test_partial_runs_are_compared_over_the_steps_every_policy_of_the_seed_reach
            **dict.fromkeys(("train_reward_first", "train_reward_last", "kept_first", "kept_last", "launched_first",
                             "launched_last", "eval_length_first", "eval_length_last"))}
     assert "| sync | 0 | 11 (partial, of 60; compared over its first 6) |" in "\n".join(table_lines([row], 60, None))
+
+
+def test_sampled_evaluations_draw_alike_at_every_step_and_each_reply_its_own_seed():
+    from rollpacker.train.algorithm import SamplingOptions
+    from rollpacker.train.evaluation import eval_requests
+
+    prompts, sampling = [(1, 2), (3,), (4, 5, 6)], SamplingOptions(temperature=0.7, top_p=0.9)
+    greedy, sampled = eval_requests(prompts, 4, 2, sampling, 32)
+    assert [(r.prompt_ids, r.temperature) for r in greedy] == [(p, 0.0) for p in prompts]
+    assert [r.prompt_ids for r in sampled] == prompts * 2
+    assert all((r.temperature, r.top_p, r.max_new_tokens) == (0.7, 0.9, 32) for r in sampled)
+    seeds = [r.seed for r in sampled]
+    assert len(set(seeds)) == 6 and 0 not in seeds  # each reply its own draw, none the greedy one's
+    later = eval_requests(prompts, 8, 2, sampling, 32)[1]
+    assert [r.seed for r in later] == seeds  # the same draws at another step (another run): paired
+    assert not {r.request_id for r in later} & {r.request_id for r in sampled + greedy}
+    assert eval_requests(prompts, 0, 0, sampling, 32)[1] == []

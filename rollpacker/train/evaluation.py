@@ -99,11 +99,8 @@ class HeldOutEval:
         start = time.perf_counter()
         sync_weights(self.engine, trainer, version=step)
         n = len(self.prompts)
-        greedy = [GenerationRequest(f"eval{step}-{i}", self.prompts.prompt_ids(i), max_new_tokens=self.max_tokens,
-                                    temperature=0.0, seed=0) for i in range(n)]
-        sampled = [GenerationRequest(f"eval{step}-{i}-s{k}", self.prompts.prompt_ids(i), max_new_tokens=self.max_tokens,
-                                     temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=1 + k * n + i)
-                   for k in range(self.samples) for i in range(n)]
+        greedy, sampled = eval_requests([self.prompts.prompt_ids(i) for i in range(n)], step, self.samples,
+                                        self.sampling, self.max_tokens)
         results = generate_all(self.engine, greedy + sampled)
         jobs = [self.prompts.reward_job(r.request_id, i % n, results[r.request_id].token_ids)
                 for i, r in enumerate(greedy + sampled)]
@@ -118,6 +115,19 @@ class HeldOutEval:
     def close(self) -> None:
         for part in (self.rewards, self.engine):
             part.close()
+
+
+def eval_requests(prompt_ids: Sequence[Sequence[int]], step: int, samples: int, sampling: SamplingOptions,
+                  max_tokens: int) -> tuple[list[GenerationRequest], list[GenerationRequest]]:
+    """One greedy request a prompt, and `samples` sampled ones (as `sampling` says) whose seeds depend on
+    the prompt and the reply only: every evaluation (`step` names the requests) draws alike."""
+    n = len(prompt_ids)
+    greedy = [GenerationRequest(f"eval{step}-{i}", tuple(ids), max_new_tokens=max_tokens, temperature=0.0, seed=0)
+              for i, ids in enumerate(prompt_ids)]
+    sampled = [GenerationRequest(f"eval{step}-{i}-s{k}", tuple(ids), max_new_tokens=max_tokens,
+                                 temperature=sampling.temperature, top_p=sampling.top_p, seed=1 + k * n + i)
+               for k in range(samples) for i, ids in enumerate(prompt_ids)]
+    return greedy, sampled
 
 
 def _scored(prefix: str, requests: Sequence[GenerationRequest], results: Mapping[str, GenerationResult],
