@@ -321,26 +321,9 @@ class EmbeddedEngine:
 
     def _validate(self, r: GenerationRequest) -> Row:
         """This engine's checks on top of `RequestIds.check` (vocabulary, context); the request's row."""
-        rid = r.request_id
-        prompt = list(r.prompt_ids) + list(r.resume_ids)
-        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise ConfigError(f"request {rid!r}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        bad = [t for t in r.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise ConfigError(f"request {rid!r}: stop_token_ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        if r.stop and (self.tokenizer is None or not all(isinstance(s, str) and s for s in r.stop)):
-            raise ConfigError(f"request {rid!r}: stop strings must be non-empty strings, and need the engine "
-                              f"to have a tokenizer (it has {'one' if self.tokenizer else 'none'}): {r.stop!r}")
-        if len(prompt) >= self.context_len:
-            raise ConfigError(
-                f"request {rid!r}: prompt (+ resume) has {len(prompt)} tokens; the model's context is "
-                f"{self.context_len} tokens, leaving no room to generate"
-            )
-        seed = 0
-        if r.temperature > 0:
-            seed = r.seed if r.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-        return Row(r, prompt, len(prompt), min(r.max_new_tokens, self.context_len - len(prompt)), int(seed))
+        return Row.checked(r, vocab_size=self.vocab_size, context_len=self.context_len,
+                           has_tokenizer=self.tokenizer is not None,
+                           draw_seed=lambda: int(torch.randint(0, 2**62, (1,), generator=self._seeds)))
 
     # -- the loop (engine thread) -----------------------------------------------------------------
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from attrs import define, field, frozen
 
+from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationRequest
 
 
@@ -42,6 +43,25 @@ class Row:
     logprobs: list[float] = field(factory=list)
     status: RowStatus = RowStatus.WAITING
     num_reported: int = 0
+
+    @classmethod
+    def checked(cls, r: GenerationRequest, *, vocab_size: int, context_len: int, has_tokenizer: bool,
+                draw_seed: Callable[[], int]) -> Row:
+        """The row of `r` once its token ids, stop strings and length fit the engine (a ConfigError naming
+        the request if not); a sampled request without a seed gets `draw_seed()`."""
+        rid, prompt = r.request_id, list(r.prompt_ids) + list(r.resume_ids)
+        for what, ids in (("token ids", prompt), ("stop_token_ids", r.stop_token_ids)):
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+            if bad:
+                raise ConfigError(f"request {rid!r}: {what} {bad[:5]} outside the vocabulary [0, {vocab_size})")
+        if r.stop and (not has_tokenizer or not all(isinstance(s, str) and s for s in r.stop)):
+            raise ConfigError(f"request {rid!r}: stop strings must be non-empty strings, and need the engine "
+                              f"to have a tokenizer (it has {'one' if has_tokenizer else 'none'}): {r.stop!r}")
+        if len(prompt) >= context_len:
+            raise ConfigError(f"request {rid!r}: prompt (+ resume) has {len(prompt)} tokens; the model's context "
+                              f"is {context_len} tokens, leaving no room to generate")
+        seed = (r.seed if r.seed is not None else draw_seed()) if r.temperature > 0 else 0
+        return cls(r, prompt, len(prompt), min(r.max_new_tokens, context_len - len(prompt)), int(seed))
 
     @property
     def rid(self) -> str:
