@@ -76,11 +76,11 @@ def _mean(values) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def run_row(c: Curve, level: float | None) -> dict:
+def run_row(c: Curve, level: float | None, key: str = "eval_reward") -> dict:
     evals = c.evals
     trained = [e for e in evals if e["step"] > 0]  # the final figure is of trained weights only
     first, last = c.steps[:LAST], c.steps[-LAST:]
-    reached = next((e for e in evals if level is not None and e["eval_reward"] >= level), None)
+    reached = next((e for e in evals if level is not None and e.get(key, -1.0) >= level), None)
     return {"policy": c.policy, "seed": c.seed, "steps": len(c.steps), "evals": len(evals),
             "eval_start": evals[0]["eval_reward"] if evals and evals[0]["step"] == 0 else None,
             "eval_final": _mean(e["eval_reward"] for e in trained[-LAST:]), "final_evals": len(trained[-LAST:]),
@@ -100,13 +100,20 @@ def run_row(c: Curve, level: float | None) -> dict:
             "eval_samples": evals[-1].get("eval_samples") if evals else None}
 
 
-def reward_level(curves: list[Curve]) -> float | None:
-    """Halfway from the mean held-out reward before training to the lowest policy's mean final one
-    (None unless every policy ends above the start)."""
-    starts = [c.evals[0]["eval_reward"] for c in curves if c.evals and c.evals[0]["step"] == 0]
+def level_key(curves: list[Curve]) -> str:
+    """What the time to a reward level reads: the sampled held-out reward where every run has it (the
+    reward of the policy as trained), the greedy one otherwise."""
+    sampled = all(any("eval_sampled_reward" in e for e in c.evals) for c in curves)
+    return "eval_sampled_reward" if curves and sampled else "eval_reward"
+
+
+def reward_level(curves: list[Curve], key: str = "eval_reward") -> float | None:
+    """Halfway from the mean held-out reward (`key`) before training to the lowest policy's mean final
+    one (None unless every policy ends above the start)."""
+    starts = [c.evals[0][key] for c in curves if c.evals and c.evals[0]["step"] == 0 and key in c.evals[0]]
     finals: dict[str, list[float]] = {}
     for c in curves:
-        trained = [e["eval_reward"] for e in c.evals if e["step"] > 0]
+        trained = [e[key] for e in c.evals if e["step"] > 0 and key in e]
         if trained:
             finals.setdefault(c.policy, []).append(statistics.fmean(trained[-LAST:]))
     if not starts or not finals:
@@ -173,14 +180,15 @@ def _f(value, fmt: str = ".3f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def table_lines(rows: list[dict], target: int, level: float | None) -> list[str]:
+def table_lines(rows: list[dict], target: int, level: float | None, key: str = "eval_reward") -> list[str]:
     samples = next((r["eval_samples"] for r in rows if r.get("eval_samples")), None)
     sampled = lambda r: (f" {_f(r['sampled_start'])} -> {_f(r['sampled_final'])} |" if samples else "")  # noqa: E731
     lines = ["Every figure of a row is over the steps that all policies of its seed reached (the plot shows whole runs).",
              "",
              f"| policy | seed | steps | held-out reward: before -> final (mean of the last {LAST} evals after a step) "
              f"|{f' held-out reward, sampled ({samples} a prompt): before -> final |' if samples else ''} trained reward, first {LAST} -> last {LAST} steps (they overlap below {2 * LAST} steps) | kept length, first -> last {LAST} steps | launched length | held-out "
-             f"length | mean step s | training s | s (step) to held-out reward {_f(level)} |",
+             f"length | mean step s | training s | s (step) to held-out reward{', sampled,' if key != 'eval_reward' else ''} "
+             f"{_f(level)} |",
              "|---" * (12 if samples else 11) + "|"]
     for r in rows:
         notes = ([] if r["steps"] >= target else [f"partial, of {target}"]) + (
@@ -249,8 +257,9 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
     if not curves:
         return {"rows": [], "policies": {}, "text": f"no metrics yet in {metrics}"}
     compared = at_common_steps(curves)
-    level = reward_level(compared)
-    rows = [{**run_row(cut, level), "steps": len(c.steps), "compared_steps": len(cut.steps)}
+    key = level_key(compared)
+    level = reward_level(compared, key)
+    rows = [{**run_row(cut, level, key), "steps": len(c.steps), "compared_steps": len(cut.steps)}
             for c, cut in zip(curves, compared)]
     per_policy = policy_rows(rows)
     plot(curves, plot_path)
@@ -264,7 +273,7 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
              + ("" if done else " **Partial**: the runs below marked partial are still training (or were cut); "
                                 "runs not listed have not started."),
              *(["", setting["why"]] if setting.get("why") else []), "",
-             *table_lines(rows, target, level), "",
+             *table_lines(rows, target, level, key), "",
              "Final held-out reward per policy (mean over seeds, and the range between seeds): "
              + "; ".join(f"{p} {v['final']:.3f} (range {v['spread']:.3f}, {v['seeds']} seed(s))"
                          for p, v in per_policy.items()) + ".", "",

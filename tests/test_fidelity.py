@@ -143,3 +143,23 @@ def test_sampled_evaluations_draw_alike_at_every_step_and_each_reply_its_own_see
     assert [r.seed for r in later] == seeds  # the same draws at another step (another run): paired
     assert not {r.request_id for r in later} & {r.request_id for r in sampled + greedy}
     assert eval_requests(prompts, 0, 0, sampling, 32)[1] == []
+
+
+def test_the_time_to_a_reward_level_reads_the_sampled_reward_where_every_run_has_it():
+    from fidelity_report import Curve, level_key, reward_level, run_row
+
+    def curve(policy: str, sampled: list[float] | None) -> Curve:
+        evals = [{"step": 4 * k, "eval_reward": 0.3, "eval_length": 9.0, "eval_prompts": 8,
+                  **({"eval_sampled_reward": v} if sampled else {})} for k, v in enumerate(sampled or [0.0] * 4)]
+        steps = [{"step": i, "step_s": 2.0, "mean_reward": 0.1, "mean_kept_length": 9.0, "mean_generated_length": 9.0}
+                 for i in range(12)]
+        return Curve(policy, 0, steps, evals)
+
+    sync, tail = curve("sync", [0.1, 0.2, 0.3, 0.5]), curve("tail", [0.1, 0.1, 0.3, 0.4])
+    assert level_key([sync, tail]) == "eval_sampled_reward"
+    # halfway from 0.1 before training to the lower final (tail's: the mean of its trained evaluations, 0.267)
+    assert reward_level([sync, tail], "eval_sampled_reward") == 0.183
+    assert reward_level([sync, tail]) is None  # the greedy reward never rose: no level to reach
+    row = run_row(tail, 0.183, "eval_sampled_reward")
+    assert (row["step_to_level"], row["time_to_level"], round(row["sampled_final"], 3)) == (8, 16.0, 0.267)
+    assert level_key([sync, curve("tail", None)]) == "eval_reward"  # a run without sampled evaluations
