@@ -2,7 +2,7 @@
 the headline setting (servegen-r1 32k, 64 x Qwen2.5-7B, P=128 R=8, speculation, TP per round) set
 against its floor and against its longest request decoded alone on one instance of the same TP.
 
-    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--max-rows 8,16,64] [--no-oracle] [--isolate 1,4] [--print]
+    .venv/bin/python benchmarks/long_round.py [--seeds 0,1,2,3,4] [--carry-drafts both|on|off] [--max-rows 8,16,64] [--no-oracle] [--isolate 1,4] [--no-redispatch] [--print]
 
 The floor (rollpacker/sim/floor.py) is the path bound: the longest response x one lone request's
 fastest time per token (no context term, speculation at its best measured acceptance).  The longest
@@ -77,13 +77,14 @@ class LaunchShares(Simulation):
 
 
 def long_rounds(seed: int, carry: bool = True, max_rows: int | None = None, oracle: bool = False,
-                isolate: int = 0) -> list[dict]:
+                isolate: int = 0, redispatch: bool = False) -> list[dict]:
     """Each long round of one seed: its measured time, its floor and its longest request's alone times
     (`max_rows`: the engine's speculation row limit, default SPEC's; `oracle`: engine.oracle_placement;
-    `isolate`: engine.oracle_isolate)."""
+    `isolate`: engine.oracle_isolate; `redispatch`: engine.redispatch)."""
     constants = attrs.evolve(SPEC, spec=attrs.evolve(SPEC.spec, carry_drafts=carry,
                                                      max_rows=SPEC.spec.max_rows if max_rows is None else max_rows),
-                             engine=attrs.evolve(SPEC.engine, oracle_placement=oracle, oracle_isolate=isolate))
+                             engine=attrs.evolve(SPEC.engine, oracle_placement=oracle, oracle_isolate=isolate,
+                                                        redispatch=redispatch))
     sim = LaunchShares(SimConfig(seed=seed, **HEADLINE), constants)
     result = sim.run()
     prompt = int(statistics.median(sim.workload.prompt_tokens(i) for i in range(HEADLINE["dataset_prompts"])))
@@ -110,10 +111,10 @@ def _ratio(rounds: list[dict], a: str, b: str) -> float:
 
 def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, carry: bool = True,
            by_rows: dict[int, list[dict]] | None = None, oracle: list[dict] | None = None,
-           isolated: dict[int, list[dict]] | None = None) -> str:
+           isolated: dict[int, list[dict]] | None = None, moved: list[dict] | None = None) -> str:
     """The section: the table of `rounds` (spec.carry_drafts = `carry`), its factors, `off`'s medians,
     those of `by_rows` (speculation row limit -> its long rounds), of `oracle` (oracle placement) and
-    of `isolated` (engine.oracle_isolate -> its long rounds)."""
+    of `isolated` (engine.oracle_isolate -> its long rounds) and of `moved` (engine.redispatch)."""
     table = measured_table()
     med = {k: statistics.median(r[k] for r in rounds) for k in COLUMNS}
     ratio = lambda a, b: _ratio(rounds, a, b)  # noqa: E731
@@ -170,6 +171,14 @@ def report(rounds: list[dict], seeds: list[int], off: list[dict] | None = None, 
                   "batch's M longest requests by true length get an instance each to themselves; same seeds, "
                   f"medians): {each}.  The most a placement of the requests predicted longest on instances of their "
                   "own could give the long round here."]
+    if moved:
+        lines += ["", "Re-dispatch, a mechanism (`--set engine.redispatch=true`: while the busiest instance holds 2 or "
+                  "more requests more than the idlest, its newest moves there and is prefilled again; same seeds, "
+                  f"medians): round {statistics.median(r['round_s'] for r in moved):.1f} s, round / floor "
+                  f"{_ratio(moved, 'round_s', 'floor_s'):.2f}: "
+                  f"{med['round_s'] / statistics.median(r['round_s'] for r in moved):.3f}x.  Balancing the request "
+                  "counts does not isolate the longest request (no count says which one it is), and each move "
+                  "pays a prefill of its whole context."]
     lines += ["", "Reading: a long round lasts about as long as its longest request decoded alone without speculation. "
               "Its longest request's siblings are long too, so drafts are few while it runs, and the rows beside it "
               "keep speculation off (it runs at <= 4 rows an instance) for most of the round.  The context term is "
@@ -200,6 +209,7 @@ def main() -> None:
                     help="leave out the line of the oracle placement's medians (engine.oracle_placement)")
     ap.add_argument("--isolate", default="1,4",
                     help="engine.oracle_isolate values to compare (one line of medians; empty: none)")
+    ap.add_argument("--no-redispatch", action="store_true", help="leave out the line of engine.redispatch's medians")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing RESULTS.md")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -211,7 +221,8 @@ def main() -> None:
     oracle = None if args.no_oracle else [r for seed in seeds for r in long_rounds(seed, carry, oracle=True)]
     isolated = {m: [r for seed in seeds for r in long_rounds(seed, carry, isolate=m)]
                 for m in (int(n) for n in args.isolate.split(",") if n)}
-    text = report(rounds, seeds, off, carry, by_rows, oracle, isolated)
+    moved = None if args.no_redispatch else [r for seed in seeds for r in long_rounds(seed, carry, redispatch=True)]
+    text = report(rounds, seeds, off, carry, by_rows, oracle, isolated, moved)
     print(text)
     if not args.print:
         write_section("Long round against its floor (issue 34, item 3)", text)

@@ -171,3 +171,29 @@ def test_oracle_isolation_gives_each_of_a_batchs_longest_requests_an_instance_of
     sim = IsolationWatch(config, attrs.evolve(c, engine=attrs.evolve(c.engine, oracle_isolate=2)))
     check_run(sim.run(), sim)
     assert sim.isolated_batches > 0, "the case under test: batches larger than the fleet"
+
+
+class RedispatchWatch(CheckedSimulation):
+    """Checks the instances' request counts after each settle, and counts the moves."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.moves = 0
+
+    def _move(self, rid, source, to) -> None:
+        self.moves += 1
+        super()._move(rid, source, to)
+
+    def _settle(self) -> None:
+        super()._settle()
+        loads = [len(i.running) + len(i.waiting) for i in self.instances]
+        assert max(loads) - min(loads) <= 1, loads
+
+
+def test_redispatch_keeps_every_instances_request_count_within_one_and_every_invariant():
+    c = SimConstants()
+    config = SimConfig(policy="tail", prompts=16, samples=4, max_tokens=8192, steps=4, instances=4, tp=1,
+                       model="qwen2.5-7b", seed=5)
+    sim = RedispatchWatch(config, attrs.evolve(c, engine=attrs.evolve(c.engine, redispatch=True)))
+    check_run(sim.run(), sim)
+    assert sim.moves > 0, "the case under test: requests that finish unevenly across instances"

@@ -86,6 +86,10 @@ class EngineConstants:
     """Measurement only, not a mechanism: each launch batch's M longest requests (true lengths, which
     no router knows) each get an instance to themselves, the upper bound of isolating the requests
     predicted longest.  0: off."""
+    redispatch: bool = False
+    """Re-dispatch, a router's mechanism (it knows each instance's request count; after Seer's divided
+    rollout, at request granularity): while the busiest instance holds 2 or more requests more than the
+    idlest, its newest request moves there (aborted, then resumed with its tokens prefilled again)."""
     tp_switch_s: float = field(default=10.0, validator=non_negative_number)
     """Assumption: re-sharding weights and restarting engines when TP changes between rounds.  Charged to
     the step that switches; the first round's TP is the one the engines start at, which is no switch.  `--tp-mode plan` does not weigh it when it chooses (`TpRule.switch_s` = 0):

@@ -26,6 +26,8 @@ from __future__ import annotations
 import heapq
 import math
 
+from collections.abc import Sequence
+
 from attrs import define, field
 
 from rollpacker.core.cost_model import CostModel
@@ -234,3 +236,16 @@ class Instance:
 
     def kv_used(self) -> float:
         return self.kv_at(self.step) if self.running else 0.0
+
+
+def redispatch(instances: Sequence[Instance]) -> tuple[str, Instance, Instance] | None:
+    """`engine.redispatch`'s next move, or None: when the busiest instance holds 2 or more requests more
+    than the idlest, (its newest request, a waiting one first; the busiest; the idlest).  Each move lowers
+    the sum of squared loads, so moving until None ends."""
+    load = lambda i: len(i.running) + len(i.waiting)  # noqa: E731
+    busiest = max(instances, key=lambda i: (load(i), -i.index))
+    idlest = min(instances, key=lambda i: (load(i), i.index))
+    if load(busiest) - load(idlest) < 2:
+        return None
+    pick = busiest.waiting[-1] if busiest.waiting else max(busiest.running.values(), key=lambda r: r.order)
+    return pick.rid, busiest, idlest

@@ -41,7 +41,7 @@ from rollpacker.driver import DeadlinePassed, Driver, HedgeDue, Input, NoticeObs
 
 from .config import SimConfig
 from .constants import MODELS, SimConstants
-from .engine import Instance, SimRequest
+from .engine import Instance, SimRequest, redispatch
 from .floor import engine_floor
 from .metrics import StepMeter, epoch_step_cap, epoch_totals, totals
 from .siblings import SiblingTexts
@@ -201,6 +201,8 @@ class Simulation(NoticeObserver):
 
     def _settle(self) -> None:
         """Admit waiting work on changed instances and schedule their next wake-up."""
+        while self.constants.engine.redispatch and self.dirty and (move := redispatch(self.instances)):
+            self._move(*move)
         for index in self.dirty:
             inst = self.instances[index]
             inst.advance_to(self.now)
