@@ -60,7 +60,9 @@ def test_a_hung_scorer_is_hedged_on_a_free_worker_not_waited_out(tmp_path, monke
     by_k, record, elapsed, report = run(hedge_after=1.0)
     assert by_k == {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0}, "request 2 scored by its hedge: correct, not a timeout"
     assert record["reward_failures"] == 0 and report.num_timed_out == 0 and report.num_scored == 4
-    assert report.num_workers_replaced == 1, "the hung copy was cancelled: its worker killed and replaced"
+    # the hung copy was cancelled: its worker killed and replaced (on a loaded machine a slow, not hung,
+    # scoring may pass hedge_after too, and its cancelled copy's worker is replaced as well: 2 in one CI run)
+    assert report.num_workers_replaced >= 1, "the hung copy was cancelled: its worker killed and replaced"
     assert elapsed < DEADLINE_S / 2, "the step did not wait for the hung execution's deadline"
 
 
