@@ -41,3 +41,15 @@ def test_the_report_splits_the_gap_into_factors_that_multiply_to_it():
     assert "round / floor 1.65; carried drafts make the long round 1.100x faster" in text
     assert "75% of a long round's requests start with a carried share above 0" in text
     assert "the longest request's prompt does in 1 of 1 long rounds" in text
+
+
+def test_the_target_line_says_by_how_much_it_is_missed_and_what_every_oracle_together_leaves():
+    rounds = [{"seed": 0, "step": 4, "tp": 4, "longest": 100, "carried": 0.5, "carried_any": 0.75, "round_s": 12.0, "floor_s": 8.0,
+               "alone_best_s": 8.8, "alone_carried_s": 10.0, "alone_cold_s": 11.0, "alone_nospec_s": 12.5}]
+    together = [dict(rounds[0], round_s=10.4)]
+    text = report(rounds, [0], together=together)
+    assert "round / floor 1.30 (1.154x)" in text
+    assert "Measured 1.50x: missed by 1.30x; with every oracle above at once it would still be 1.30x" in text
+    assert "the context and drafts factors are 1.10x x 1.14x = 1.25x" in text
+    alone = report(rounds, [0])
+    assert "Measured 1.50x: missed by 1.30x." in alone and "every oracle" not in alone
