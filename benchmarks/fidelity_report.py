@@ -123,23 +123,31 @@ def reward_level(curves: list[Curve], key: str = "eval_reward") -> float | None:
 
 
 def policy_rows(rows: list[dict]) -> dict[str, dict]:
-    """Per policy: mean of its seeds' final held-out rewards and their range (the seed spread)."""
+    """Per policy: the mean of its seeds' final held-out rewards (greedy `final`, sampled `sampled`), the
+    range of those finals between seeds (`final_range`), and the seed spread the policies are compared
+    against (`spread`, `sampled_spread`): the range of the seeds' gains, final minus before training.
+    Each seed has a held-out set of its own (the pool less that seed's training rows), so seeds start at
+    different levels and the finals' range holds that offset too; the gains do not (the range of the
+    finals stands in where a run has no evaluation before training)."""
     out: dict[str, dict] = {}
     for policy in dict.fromkeys(r["policy"] for r in rows):
-        finals = [r["eval_final"] for r in rows if r["policy"] == policy and r["eval_final"] is not None]
-        times = [r["step_s"] for r in rows if r["policy"] == policy]
-        sampled = [r["sampled_final"] for r in rows if r["policy"] == policy and r["sampled_final"] is not None]
-        if finals:
-            out[policy] = {"final": statistics.fmean(finals), "spread": max(finals) - min(finals), "seeds": len(finals),
-                           "step_s": statistics.fmean(times)}
-        if finals and sampled:
-            out[policy].update(sampled=statistics.fmean(sampled), sampled_spread=max(sampled) - min(sampled),
-                               sampled_seeds=len(sampled))
+        mine = [r for r in rows if r["policy"] == policy]
+        for name, final, start in (("final", "eval_final", "eval_start"), ("sampled", "sampled_final", "sampled_start")):
+            finals = [r[final] for r in mine if r[final] is not None]
+            if not finals or (name == "sampled" and policy not in out):
+                continue
+            gains = [r[final] - r[start] for r in mine if r[final] is not None and r[start] is not None]
+            spread = max(gains) - min(gains) if len(gains) == len(finals) else max(finals) - min(finals)
+            out.setdefault(policy, {"step_s": statistics.fmean(r["step_s"] for r in mine)})
+            out[policy].update({name: statistics.fmean(finals), f"{name}_range": max(finals) - min(finals),
+                                "spread" if name == "final" else "sampled_spread": spread,
+                                "seeds" if name == "final" else "sampled_seeds": len(finals)})
     return out
 
 
 def reading(per_policy: dict[str, dict], rows: list[dict]) -> list[str]:
-    """The comparisons, as numbers: each policy against sync, beyond or within the seeds' spread."""
+    """The comparisons, as numbers: each policy against sync, seed by seed (paired: the same held-out
+    set, data order and start) and on average, beyond or within the seeds' spread of gains."""
     lines = []
     sync = per_policy.get("sync")
     eval_n = next((r["eval_prompts"] for r in rows if r["eval_prompts"]), None)
@@ -153,6 +161,10 @@ def reading(per_policy: dict[str, dict], rows: list[dict]) -> list[str]:
                        if r["sampled_start"] is not None and r["sampled_final"] is not None else "")
             lines.append(f"sync seed {r['seed']}: held-out reward {r['eval_start']:.3f} before training, "
                          f"{r['eval_final']:.3f} at the end ({r['eval_final'] - r['eval_start']:+.3f}){sampled}.")
+    if len({r["seed"] for r in rows}) > 1:
+        lines.append("Each seed is scored on a held-out set of its own (the pool less the problems that seed trains), "
+                     "so seeds start at different levels: a policy is compared with sync seed by seed, and the seed "
+                     "spread is the range of the gains (final - before training) between seeds.")
     lines.append("Step times come from whatever else the machine ran meanwhile: runs made at different loads (a shared "
                  "CPU) compare only roughly; the tokens kept and wasted per step are in the metrics.")
     if sync is None:
@@ -160,20 +172,33 @@ def reading(per_policy: dict[str, dict], rows: list[dict]) -> list[str]:
     for policy, p in per_policy.items():
         if policy == "sync":
             continue
-        line = f"{policy} - sync, final held-out reward: {_against(p, sync, 'final', 'spread', 'seeds')}"
+        line = (f"{policy} - sync, final held-out reward: "
+                f"{_against(p, sync, 'final', 'spread', 'seeds', paired(rows, policy, 'eval_final'))}")
         if "sampled" in p and "sampled" in sync:
-            line += f"; sampled: {_against(p, sync, 'sampled', 'sampled_spread', 'sampled_seeds')}"
+            line += (f"; sampled: "
+                     f"{_against(p, sync, 'sampled', 'sampled_spread', 'sampled_seeds', paired(rows, policy, 'sampled_final'))}")
         lines.append(f"{line}; mean step {p['step_s']:.1f} s vs sync's {sync['step_s']:.1f} s "
                      f"({sync['step_s'] / p['step_s']:.2f}x sync's speed).")
     return lines
 
 
-def _against(p: dict, sync: dict, key: str, spread_key: str, seeds_key: str) -> str:
-    """`p`'s figure minus sync's, and whether that is beyond the larger of their seed ranges."""
+def paired(rows: list[dict], policy: str, final: str) -> list[tuple[int, float]]:
+    """(seed, `policy`'s `final` minus sync's) for every seed where both have it."""
+    sync = {r["seed"]: r[final] for r in rows if r["policy"] == "sync" and r[final] is not None}
+    return [(r["seed"], r[final] - sync[r["seed"]]) for r in rows
+            if r["policy"] == policy and r[final] is not None and r["seed"] in sync]
+
+
+def _against(p: dict, sync: dict, key: str, spread_key: str, seeds_key: str, per_seed: list[tuple[int, float]]) -> str:
+    """`p`'s figure minus sync's (mean over seeds, then seed by seed), and whether that is beyond the
+    larger of their seed spreads."""
     diff, spread = p[key] - sync[key], max(p[spread_key], sync[spread_key])
-    where = (f"{'beyond' if abs(diff) > spread else 'within'} the larger seed range, {spread:.3f}"
-             if min(p[seeds_key], sync[seeds_key]) > 1 else "one seed: no seed range to compare it with")
-    return f"{diff:+.3f} ({where})"
+    if min(p[seeds_key], sync[seeds_key]) < 2:
+        return f"{diff:+.3f} (one seed: no seed range to compare it with)"
+    signs = {d > 0 for _, d in per_seed}
+    seeds = ", ".join(f"seed {seed} {d:+.3f}" for seed, d in per_seed)
+    return (f"{diff:+.3f} ({seeds}: {'the same sign in every seed' if len(signs) == 1 else 'the seeds disagree'}; "
+            f"{'beyond' if abs(diff) > spread else 'within'} the larger seed spread, {spread:.3f})")
 
 
 def _f(value, fmt: str = ".3f") -> str:
@@ -275,7 +300,7 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
              *(["", setting["why"]] if setting.get("why") else []), "",
              *table_lines(rows, target, level, key), "",
              "Final held-out reward per policy (mean over seeds, and the range between seeds): "
-             + "; ".join(f"{p} {v['final']:.3f} (range {v['spread']:.3f}, {v['seeds']} seed(s))"
+             + "; ".join(f"{p} {v['final']:.3f} (range {v['final_range']:.3f}, {v['seeds']} seed(s))"
                          for p, v in per_policy.items()) + ".", "",
              *(f"- {line}" for line in reading(per_policy, rows))]
     text = "\n".join(lines)

@@ -163,3 +163,22 @@ def test_the_time_to_a_reward_level_reads_the_sampled_reward_where_every_run_has
     row = run_row(tail, 0.183, "eval_sampled_reward")
     assert (row["step_to_level"], row["time_to_level"], round(row["sampled_final"], 3)) == (8, 16.0, 0.267)
     assert level_key([sync, curve("tail", None)]) == "eval_reward"  # a run without sampled evaluations
+
+
+def test_policies_are_compared_seed_by_seed_against_the_spread_of_their_gains():
+    """Each seed has its own held-out set, so its own starting level: tail's lead over sync in both seeds
+    (+0.06, +0.05) is beyond the seeds' spread of gains (0.01), though the finals of sync alone range 0.15."""
+    from fidelity_report import policy_rows, reading
+
+    def row(policy: str, seed: int, start: float, final: float) -> dict:
+        return {"policy": policy, "seed": seed, "eval_start": start, "eval_final": final, "sampled_start": None,
+                "sampled_final": None, "step_s": 2.0, "eval_prompts": 48}
+
+    rows = [row("sync", 0, 0.20, 0.30), row("tail", 0, 0.20, 0.36), row("sync", 1, 0.35, 0.45), row("tail", 1, 0.35, 0.50)]
+    per_policy = policy_rows(rows)
+    assert round(per_policy["sync"]["final_range"], 3) == 0.15 and round(per_policy["tail"]["spread"], 3) == 0.01
+    line = next(x for x in reading(per_policy, rows) if x.startswith("tail - sync"))
+    assert "+0.055 (seed 0 +0.060, seed 1 +0.050: the same sign in every seed; beyond the larger seed spread, 0.010)" in line
+    rows[3] = row("tail", 1, 0.35, 0.40)  # seed 1: tail behind
+    line = next(x for x in reading(policy_rows(rows), rows) if x.startswith("tail - sync"))
+    assert "(seed 0 +0.060, seed 1 -0.050: the seeds disagree; within the larger seed spread, 0.110)" in line
