@@ -62,13 +62,11 @@ def load_curves(metrics: Path, runs) -> list[Curve]:
 
 
 def at_common_steps(curves: list[Curve]) -> list[Curve]:
-    """Each curve cut to the steps that every curve of its seed reached, with its evaluations up to
-    there: policies are compared at equal training, not at wherever each partial run stopped."""
-    common: dict[int, int] = {}
-    for c in curves:
-        common[c.seed] = min(common.get(c.seed, len(c.steps)), len(c.steps))
-    return [Curve(c.policy, c.seed, c.steps[: common[c.seed]], [e for e in c.evals if e["step"] <= common[c.seed]])
-            for c in curves]
+    """Each curve cut to the steps that every curve reached, with its evaluations up to there: policies
+    and seeds are compared at equal training, not at wherever each partial run stopped (a seed's finals
+    and gains at another number of steps would widen the seed spread the policies are compared against)."""
+    common = min((len(c.steps) for c in curves), default=0)
+    return [Curve(c.policy, c.seed, c.steps[:common], [e for e in c.evals if e["step"] <= common]) for c in curves]
 
 
 def _mean(values) -> float | None:
@@ -208,7 +206,7 @@ def _f(value, fmt: str = ".3f") -> str:
 def table_lines(rows: list[dict], target: int, level: float | None, key: str = "eval_reward") -> list[str]:
     samples = next((r["eval_samples"] for r in rows if r.get("eval_samples")), None)
     sampled = lambda r: (f" {_f(r['sampled_start'])} -> {_f(r['sampled_final'])} |" if samples else "")  # noqa: E731
-    lines = ["Every figure of a row is over the steps that all policies of its seed reached (the plot shows whole runs).",
+    lines = ["Every figure of a row is over the steps that every run reached (the plot shows whole runs).",
              "",
              f"| policy | seed | steps | held-out reward: before -> final (mean of the last {LAST} evals after a step) "
              f"|{f' held-out reward, sampled ({samples} a prompt): before -> final |' if samples else ''} trained reward, first {LAST} -> last {LAST} steps (they overlap below {2 * LAST} steps) | kept length, first -> last {LAST} steps | launched length | held-out "

@@ -111,16 +111,16 @@ def test_held_out_set_is_a_fixed_pool_less_the_run_s_training_rows():
         held_out_rows(["chain_sum"], 32, pool)  # every held-out candidate is a training row
 
 
-def test_partial_runs_are_compared_over_the_steps_every_policy_of_the_seed_reached():
+def test_partial_runs_are_compared_over_the_steps_every_run_reached():
     from fidelity_report import Curve, at_common_steps, table_lines
 
     def curve(policy: str, seed: int, steps: int) -> Curve:
         return Curve(policy, seed, [{"step": i, "step_s": 1.0} for i in range(steps)],
                      [{"step": k, "eval_reward": k / 100} for k in range(0, steps + 1, 4)])
 
-    cut = at_common_steps([curve("sync", 0, 11), curve("tail", 0, 6), curve("sync", 1, 3)])
+    cut = at_common_steps([curve("sync", 0, 11), curve("tail", 0, 6), curve("sync", 1, 9)])
     assert [(c.policy, c.seed, len(c.steps), [e["step"] for e in c.evals]) for c in cut] == [
-        ("sync", 0, 6, [0, 4]), ("tail", 0, 6, [0, 4]), ("sync", 1, 3, [0])]
+        ("sync", 0, 6, [0, 4]), ("tail", 0, 6, [0, 4]), ("sync", 1, 6, [0, 4])]
     row = {"policy": "sync", "seed": 0, "steps": 11, "compared_steps": 6, "eval_start": 0.2, "eval_final": 0.3,
            "final_evals": 1, "time_to_level": None, "step_s": 1.0, "train_s": 6.0,
            **dict.fromkeys(("train_reward_first", "train_reward_last", "kept_first", "kept_last", "launched_first",
