@@ -60,9 +60,11 @@ class HostPeak:
 
 def graphs(spec: dict) -> dict:
     """CUDA: what the engine's decode graphs keep, as the first engine of a fresh process holds it (a
-    process that already ran CUDA work holds part of it before the engine starts: measured 1,089 MiB
-    alone against 760 MiB after other tests, on an H100): the KV cache, the graphs' logits buffers, and
-    what the allocator and the device hold beyond the KV cache once the engine is built, against the plan."""
+    process that already ran CUDA work holds part of it before the engine starts: the cuBLAS
+    workspaces of the streams it ran on; measured 1,089 MiB alone against 760 MiB after other tests,
+    on an H100, when each capture warmed up on a stream of its own): the KV cache, the graphs' logits
+    buffers, and what the allocator and the device hold beyond the KV cache once the engine is built,
+    against the plan."""
     import torch
 
     from rollpacker.backends.embedded.engine import EmbeddedEngine

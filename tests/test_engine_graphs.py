@@ -166,7 +166,8 @@ def test_graphs_captured_mid_run_while_another_thread_allocates_on_the_gpu(cuda_
 def test_the_memory_plan_covers_what_the_graphs_keep():
     """At the memory test's sizes (the 4-layer tiny model in bfloat16, capacity 128, 128 + 512 tokens,
     speculation at 4 rows x 4 drafts), measured in a fresh process as a run's first engine (after other
-    CUDA work in the same process the pool read 330 MiB less: the test passed or failed by its order):
+    CUDA work in the same process the pool read 330 MiB less, the cuBLAS workspaces of streams used
+    before: the test passed or failed by its order):
     the KV cache is the plan's exactly, every graph writes one logits buffer that is the plan's outputs
     exactly, and what the allocator still holds for the graphs after `empty_cache` (their pool) is
     within the plan's cuda_graphs item."""

@@ -50,7 +50,11 @@ def test_bfloat16_halves_the_model_sized_items_and_titan_counts_every_logit():
 
 
 def test_rollout_on_servers_counts_only_the_trainer():
-    assert set(smollm2_plan(with_engine=False).items) == {"trainer_state", "activations", "logits"}
+    assert set(smollm2_plan(with_engine=False, device="cpu").items) == {"trainer_state", "activations", "logits"}
+    # on CUDA also the cuBLAS workspace of the default stream, which the trainer's matmuls run on
+    cuda = smollm2_plan(with_engine=False)
+    assert set(cuda.items) == {"trainer_state", "activations", "logits", "cublas_workspace"}
+    assert cuda.items["cublas_workspace"] == 32 * 2**20
 
 
 def test_over_budget_names_the_biggest_item_and_its_flag():
@@ -147,7 +151,9 @@ def test_cuda_graphs_are_one_float32_logits_buffer_plus_the_largest_forward():
     as wide as the widest graph (256 rows x 1 token; a verify is at most 4 x 5)."""
     plan = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True)
     assert plan.kv_tokens_per_row == 1028 and plan.items["kv_cache"] == 256 * 1028 * 30 * 2 * 3 * 64 * 4
-    outputs = 256 * 49152 * 4 + 16 * 2**20 * (14 * 5 + 3 * 4 * 5)  # and each graph's measured pool overhead
+    # the logits buffer, the cuBLAS workspaces of the warm-up and capture streams, and what the driver
+    # holds for each graph (measured)
+    outputs = 256 * 49152 * 4 + 2 * 32 * 2**20 + 4 * 2**20 * (14 * 5 + 3 * 4 * 5)
     # the largest forward: 256 rows x 1 token over 1028 columns: 3 float32 score copies (9 heads), the MLP
     workspace = 256 * (3 * 9 * 1028 * 4 + (3 * 1536 + 4 * 576) * 4)
     assert plan.items["cuda_graphs"] == outputs + workspace
@@ -156,11 +162,12 @@ def test_cuda_graphs_are_one_float32_logits_buffer_plus_the_largest_forward():
     assert bf16.items["cuda_graphs"] == outputs + 256 * (3 * 9 * 1028 * 4 + 49152 * 2 + (3 * 1536 + 4 * 576) * 2)
     # no speculation: no drafts' columns, no verify graphs
     assert smollm2_plan(spec_tokens=4, cuda_graphs=True).items["cuda_graphs"] == \
-        256 * 49152 * 4 + 16 * 2**20 * 14 * 4 + 256 * (3 * 9 * 1024 * 4 + (3 * 1536 + 4 * 576) * 4)
+        256 * 49152 * 4 + 2 * 32 * 2**20 + 4 * 2**20 * 14 * 4 + 256 * (3 * 9 * 1024 * 4 + (3 * 1536 + 4 * 576) * 4)
     # colocated, the graphs go with the engine's weights
     colocated = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True, colocate=True)
     engine = sum(plan.items[k] for k in ("engine_weights", "kv_cache", "cuda_graphs"))
-    assert colocated.total == plan.items["trainer_state"] + max(engine, plan.items["activations"] + plan.items["logits"])
+    assert colocated.total == plan.items["trainer_state"] + plan.items["cublas_workspace"] + max(
+        engine, plan.items["activations"] + plan.items["logits"])
     assert "cuda_graphs" not in smollm2_plan().items
     assert "cuda_graphs" not in smollm2_plan(with_engine=False, cuda_graphs=True).items
 

@@ -17,8 +17,11 @@ micro-batch):
 - CUDA graphs (on CUDA, unless --no-cuda-graphs): the engine captures one decode graph per key of
   `buckets.graph_keys` (rows bucket x tokens per row x columns bucket of 256, verify widths
   included), the largest forward first; all write one float32 logits buffer as wide as the widest
-  graph; the pool keeps the largest forward's transients (reused by the later captures) plus a
-  measured `POOL_BYTES_PER_GRAPH` for each graph: `cuda_graph_bytes`;
+  graph; the pool keeps the largest forward's transients (reused by the later captures) and the
+  cuBLAS workspaces of the two streams the captures run on, and the driver holds a measured
+  `BYTES_PER_GRAPH` for each graph: `cuda_graph_bytes`;
+- cuBLAS workspace (on CUDA): the one cuBLAS keeps for the default stream, where the engine's
+  prefills and the trainer run (`CUBLAS_WORKSPACE_BYTES`);
 - activations saved for backward: T x layers x (6 x hidden + 2 x kv_heads x head_dim + 4 x ffn) x b
   (norm inputs and outputs, q, the attention output and the residual stream make about 6 x hidden;
   k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or memory-efficient
@@ -194,6 +197,8 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
         keys = graph_keys(capacity=engine_capacity, length=kv_row, col_multiple=COL_MULTIPLE["cuda"],
                           verify_rows=spec_max_rows, verify_tokens=spec_tokens)
         items["cuda_graphs"] = sum(cuda_graph_bytes(shape, b, keys))
+    if device.startswith("cuda"):
+        items["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
     if host_runtime:
         items["runtime"] = host_runtime + RUNTIME_GROWTH
         items["state_save"] = params * STATE_SAVE_BYTES
@@ -204,27 +209,34 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
                       kv_tokens_per_row=kv_row, forward_tokens=batch_tokens, colocated=colocate)
 
 
-POOL_BYTES_PER_GRAPH = 16 * 2**20
-"""What each captured decode graph keeps in its pool beyond the planned transients, measured with
-torch 2.11+cu130 on the 4-layer tiny model (72 graphs): 14.6 MiB a graph on an H100 as the first
-engine of a fresh process (1,089 MiB of pool, 24 MiB of it logits); 9.1 MiB on an H200 after other
-CUDA work in the same process, which already held part of it.  A run's engine is the first in its
-process, so the fresh figure is the one planned, rounded up.  Both readings had 72 graphs, so a fixed
-first-capture cost cannot be told apart from a per-graph one; it is counted per graph."""
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+"""The workspace cuBLAS keeps for each CUDA stream it has run a matmul on, for the life of the
+process (in torch's allocator): torch's default on Hopper and newer GPUs, less on older ones (where
+the plan then over-counts).  On an H200 the engine's first prefill on the default stream grew the
+allocated memory by 33.6 MB; the decode graphs' captures had walked through torch's pool of 32
+streams, one a capture, and held 32 of them (about 1 GiB, now one: `EmbeddedRunner.capture_graphs`)."""
+
+BYTES_PER_GRAPH = 4 * 2**20
+"""What each captured decode graph takes on the device outside torch's allocator (the driver's
+executable graph, and kernels loaded on first use, which this counts per graph too), measured with
+torch 2.11+cu130 on an H100 (72 graphs of the 4-layer tiny model, first engine of its process):
+1,365 MiB taken on the device against 1,089 MiB in the allocator, 3.8 MiB a graph."""
 
 
 def cuda_graph_bytes(shape: ModelShape, b: int, keys: list[GraphKey]) -> tuple[int, int]:
     """(static outputs, pool) that the decode graphs of `keys` keep, b bytes per element.  Outputs:
     one float32 logits buffer `[rows x tokens, vocab]` of the widest graph, which every graph writes.
-    Pool: `POOL_BYTES_PER_GRAPH` per graph, plus the transients of the largest forward (rows x tokens
-    x columns), captured first so that later captures reuse them: its attention scores in float32 (the
-    product, the scaled and the masked copies), the logits in b before their float32 copy (below
-    float32), the MLP's three ffn-wide tensors and a few hidden-wide ones."""
+    Pool: the transients of the largest forward (rows x tokens x columns), captured first so that
+    later captures reuse them: its attention scores in float32 (the product, the scaled and the
+    masked copies), the logits in b before their float32 copy (below float32), the MLP's three
+    ffn-wide tensors and a few hidden-wide ones; the cuBLAS workspaces of the two streams the
+    captures run on (the warm-up's and the capture's); and `BYTES_PER_GRAPH` a graph."""
     outputs = max((rows * t for rows, t, _ in keys), default=0) * shape.vocab * 4
     logits_b = shape.vocab * b if b < 4 else 0
     largest = max((rows * t * (3 * shape.num_heads * cols * 4 + logits_b + (3 * shape.ffn + 4 * shape.hidden) * b)
                    for rows, t, cols in keys), default=0)
-    return outputs, largest + POOL_BYTES_PER_GRAPH * len(keys)
+    workspaces = 2 * CUBLAS_WORKSPACE_BYTES if keys else 0
+    return outputs, largest + workspaces + BYTES_PER_GRAPH * len(keys)
 
 
 def device_budget(device: str) -> int:

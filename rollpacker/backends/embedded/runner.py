@@ -336,7 +336,13 @@ class Runner:
 
         Python's cyclic garbage collector is run before and held off during the captures: a dead
         cycle that still holds an old graph, collected by an allocation inside a capture, would
-        reset that graph mid-capture, which invalidates the capture (seen on an H200)."""
+        reset that graph mid-capture, which invalidates the capture (seen on an H200).
+
+        Every capture warms up on one side stream, made here: cuBLAS keeps a workspace (32 MiB on
+        Hopper) for each stream it has run on, for the life of the process, and a new
+        `torch.cuda.Stream` per capture walked through torch's pool of 32 streams, so the graphs held
+        about 1 GiB of workspaces whatever the model size (an H200's probe: 1,297 MB allocated once
+        the engine was built, against 844 MB for its weights, KV cache and graphs' outputs)."""
         start = time.perf_counter()
         self._graphs.clear()
         gc.collect()
@@ -345,11 +351,12 @@ class Runner:
         keys = self.graph_keys()
         widest = max(rows * t for rows, t, _ in keys)
         self._out = torch.empty(widest, self.lm_head.weight.shape[0], dtype=torch.float32, device=self.device)
+        warmup = torch.cuda.Stream(self.device)
         collecting = gc.isenabled()
         gc.disable()
         try:
             for key in keys:
-                self._graphs[key] = self._capture(*key)
+                self._graphs[key] = self._capture(*key, warmup)
         finally:
             if collecting:
                 gc.enable()
@@ -372,18 +379,18 @@ class Runner:
         return graph.logits[:n]
 
     @torch.inference_mode()
-    def _capture(self, rows: int, t: int, read_len: int) -> _Graph:
-        """Capture one decode forward of `rows` x `t` tokens over `read_len` columns.  Its dummy
-        inputs write the last `t` columns of each slot: the cache was just allocated, or grown to at
-        least 64 columns past its longest row, so no live row reaches them."""
+    def _capture(self, rows: int, t: int, read_len: int, warmup: torch.cuda.Stream) -> _Graph:
+        """Capture one decode forward of `rows` x `t` tokens over `read_len` columns, after a warm-up
+        run on the `warmup` stream.  Its dummy inputs write the last `t` columns of each slot: the
+        cache was just allocated, or grown to at least 64 columns past its longest row, so no live
+        row reaches them."""
         ids = torch.full((rows, t), self.pad_token_id, dtype=torch.long, device=self.device)
         static_base = torch.full((rows,), self.cache.length - t, dtype=torch.long, device=self.device)
         try:
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):  # warm-up outside the graph (lazy inits, autotuning)
+            warmup.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(warmup):  # warm-up outside the graph (lazy inits, autotuning)
                 self._logits(0, ids, static_base, read_len)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.current_stream(self.device).wait_stream(warmup)
             graph = torch.cuda.CUDAGraph()
             logits = self._out[: rows * t].view(rows, t, -1)
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
