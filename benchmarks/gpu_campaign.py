@@ -17,7 +17,8 @@ before the next, and a crash in one keeps the others):
             else the plain-PyTorch trainer: TorchTitan needs torch >= 2.13);
   tests     `pytest -m gpu -o addopts=-ra tests`: every gpu-marked test, found by its marker;
   compare   `reference/train.py --compare sync,tail` (P=16, R=8, 512 tokens) from the same weights and
-            seed: the step-time ratio sync/policy is the speed-up;
+            seed, once for each of --seeds (0, 1, 2): the median over seeds of the step-time ratio
+            sync/policy is the speed-up;
   fidelity  benchmarks/fidelity.py's `gpu` setting: reward curves of sync, tail, and tail with unbiased
             groups (--tail.eta-responses 1.0) from the same weights and seed 0, one after another,
             sized to end within one call (--budget-s; its first line says the sizes and steps); a run
@@ -36,7 +37,7 @@ copying them out each time:
     $C --part env,engine; cp -r /tmp/campaign $OUT/      # ~5 min
     $C --part spec; cp -r /tmp/campaign $OUT/            # ~3 min
     $C --part tests; cp -r /tmp/campaign $OUT/           # ~4 min
-    $C --part compare; cp -r /tmp/campaign $OUT/         # ~6 min
+    $C --part compare; cp -r /tmp/campaign $OUT/         # ~9 min: 3 seeds (--seeds), alone in its call
     $C --part fidelity; cp -r /tmp/campaign $OUT/        # ~7 min; "fidelity: complete" (else call it again)
 
 With little device time, one call runs what fits: `--part env,engine,trainer,spec,tests,compare
@@ -50,6 +51,7 @@ import argparse
 import json
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -75,7 +77,7 @@ TRAIN_SIZES = {"full": ["--steps", "6", "--prompts", "16", "--samples", "8", "--
                         "--engine-capacity", "160", "--micro-batch-tokens", "1024", "--dataset-size", "512",
                         "--reward-workers", "8"],
                "tiny": ["--preset", "tiny_debug", "--steps", "1"]}
-# seconds each part took on a lent H100 (2026-11-26, full sizes; fidelity: its one-call budget): --deadline-s
+# seconds each part took on a lent H100 (2026-11-26, full sizes; compare: a seed; fidelity: its one-call budget): --deadline-s
 # skips a part that no longer fits, so one device call runs what fits in the time left
 PART_SECONDS = {"env": 15, "engine": 170, "trainer": 20, "spec": 45, "tests": 125, "compare": 180, "fidelity": 480}
 # what the campaign imports: required, and optional with what needs it
@@ -101,6 +103,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="default: bfloat16 on cuda, else float32")
     ap.add_argument("--policies", default="sync,tail", help="the compare part's --compare list; the first is the baseline")
+    ap.add_argument("--seeds", default=None,
+                    help="the compare part's seeds, comma-separated, one run of every policy each; its step-time ratio "
+                         "is their median (default: 0,1,2; --tiny: 0)")
     ap.add_argument("--fidelity-steps", type=int, default=None,
                     help="steps of each fidelity run (default: benchmarks/fidelity.py's gpu setting; tiny: 2)")
     ap.add_argument("--budget-s", type=float, default=420.0,
@@ -118,6 +123,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if bad:
         ap.error(f"--part: unknown part(s) {', '.join(bad)}; choose from {', '.join(PARTS)} or all")
     args.logs = args.logs or args.out / "logs"
+    try:
+        args.seed_list = [int(x) for x in (args.seeds or ("0" if args.tiny else "0,1,2")).split(",")]
+    except ValueError:
+        ap.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
     return args
 
 
@@ -219,10 +228,26 @@ def run_tests(args: argparse.Namespace, size: str) -> dict:
 
 
 def run_policies(args: argparse.Namespace, size: str) -> dict:
-    out = args.out / "compare"
+    """`reference/train.py --compare` once per seed (same sizes); each seed's summary, and the median
+    over seeds of each policy's step-time ratio to the first."""
+    runs = {seed: _compare_one_seed(args, size, seed) for seed in args.seed_list}
+    first = runs[args.seed_list[0]]
+    peaks = [r["cuda_peak_gib"] for r in runs.values() if r["cuda_peak_gib"] is not None]
+    return {"policies": first["policies"], "seeds": args.seed_list, "runs": runs, "memory_plan": first["memory_plan"],
+            "command": first["command"], "cuda_peak_gib": max(peaks, default=None),
+            "median_step_time_ratio": median_ratios(list(runs.values()))}
+
+
+def median_ratios(runs: list[dict]) -> dict[str, float]:
+    """Each non-baseline policy's step-time ratio, the median over the runs (seeds)."""
+    return {p: statistics.median(r["step_time_ratio"][p] for r in runs) for p in runs[0]["policies"][1:]}
+
+
+def _compare_one_seed(args: argparse.Namespace, size: str, seed: int) -> dict:
+    out = args.out / "compare" / f"seed{seed}"
     shutil.rmtree(out, ignore_errors=True)  # --compare writes fresh runs
-    cmd = [sys.executable, "reference/train.py", *TRAIN_SIZES[size], "--compare", args.policies, "--device", args.device,
-           "--trainer", args.trainer, "--dtype", args.dtype, "--out", str(out),
+    cmd = [sys.executable, "reference/train.py", *TRAIN_SIZES[size], "--compare", args.policies, "--seed", str(seed),
+           "--device", args.device, "--trainer", args.trainer, "--dtype", args.dtype, "--out", str(out),
            *(["--model", args.model] if args.model else [])]
     proc = run_logged(cmd, args, "compare")
     plan = next((line for line in proc.stdout.splitlines() if line.startswith("memory plan")), "")
@@ -345,10 +370,11 @@ def main(argv: list[str]) -> int:
         subsection, run, body_of = parts[part]
         if args.deadline_s is not None:
             left = args.deadline_s - (time.monotonic() - began)
-            if left < PART_SECONDS[part]:
+            needs = PART_SECONDS[part] * (len(args.seed_list) if part == "compare" else 1)
+            if left < needs:
                 print(f"== {part}: skipped: {left:.0f} s left of --deadline-s {args.deadline_s:.0f}, and it took "
-                      f"~{PART_SECONDS[part]} s on an H100 ==", flush=True)
-                append_figures(args, part, {"skipped": f"{left:.0f} s left, needs ~{PART_SECONDS[part]} s"})
+                      f"~{needs} s on an H100 ==", flush=True)
+                append_figures(args, part, {"skipped": f"{left:.0f} s left, needs ~{needs} s"})
                 skipped.append(part)
                 continue
             args.budget_s = min(budget, left)

@@ -39,15 +39,21 @@ def trainer_body(r: dict, header: str, command: str) -> str:
 
 
 def policies_body(s: dict, header: str) -> str:
+    """Each seed's row of every policy, then the median over seeds of the step-time ratio."""
     base = s["policies"][0]
     peak = "" if s["cuda_peak_gib"] is None else f" Measured peak CUDA memory allocated: {s['cuda_peak_gib']} GiB."
-    lines = [header, "", f"Command: `{s['command']}`", "", f"`{s['memory_plan']}`{peak}", "",
-             f"| policy | mean step s | {base}/policy step time | bubble ratio | mean reward | on-policy token fraction |",
-             "|---|---|---|---|---|---|"]
-    for p in s["policies"]:
-        ratio = 1.0 if p == base else s["step_time_ratio"][p]
-        lines.append(f"| {p} | {s['mean_step_s'][p]:.2f} | {ratio:.2f}x | {s['bubble_ratio'][p]:.2f} | "
-                     f"{s['mean_reward'][p]:.3f} | {s['on_policy_token_fraction'][p]:.3f} |")
+    seeds = ", ".join(str(seed) for seed in s["seeds"])
+    lines = [header, "", f"Command (seed {s['seeds'][0]}; each seed with its own `--seed`): `{s['command']}`", "",
+             f"`{s['memory_plan']}`{peak}", "",
+             f"| seed | policy | mean step s | {base}/policy step time | bubble ratio | mean reward | on-policy token fraction |",
+             "|---|---|---|---|---|---|---|"]
+    for seed, r in s["runs"].items():
+        for p in s["policies"]:
+            ratio = 1.0 if p == base else r["step_time_ratio"][p]
+            lines.append(f"| {seed} | {p} | {r['mean_step_s'][p]:.2f} | {ratio:.2f}x | {r['bubble_ratio'][p]:.2f} | "
+                         f"{r['mean_reward'][p]:.3f} | {r['on_policy_token_fraction'][p]:.3f} |")
+    medians = ", ".join(f"{p} {ratio:.2f}x" for p, ratio in s["median_step_time_ratio"].items())
+    lines += ["", f"{base}/policy step time, the median over seeds {seeds}: {medians}."]
     return "\n".join(lines)
 
 

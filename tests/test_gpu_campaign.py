@@ -14,6 +14,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 @pytest.mark.timeout(240)
@@ -37,11 +38,13 @@ def test_campaign_writes_every_section_with_device_and_commands(tmp_path):
         assert f"torch {torch.__version__}, trainer torch (--trainer torch)" in section.split(sub)[1]
     assert "`python benchmarks/engine_throughput.py --device cpu --dtype float32" in section
     assert "`python benchmarks/gpu_campaign.py --device cpu --tiny --trainer torch" in section
-    assert re.search(r"`python reference/train\.py --preset tiny_debug --steps 1 --compare sync,tail --device cpu "
+    assert re.search(r"`python reference/train\.py --preset tiny_debug --steps 1 --compare sync,tail --seed 0 --device cpu "
                      r"--trainer torch", section)
     assert "`memory plan (cpu): engine weights" in section and "`TorchTrainer` forward+backward" in section
-    rows = dict(re.findall(r"^\| (sync|tail) \| ([0-9.]+) \|", section, re.M))
+    rows = dict(re.findall(r"^\| 0 \| (sync|tail) \| ([0-9.]+) \|", section, re.M))
     assert set(rows) == {"sync", "tail"} and all(float(s) > 0 for s in rows.values())
+    seed0 = re.search(r"^\| 0 \| tail \| [0-9.]+ \| ([0-9.]+)x \|", section, re.M).group(1)
+    assert f"sync/policy step time, the median over seeds 0: tail {seed0}x." in section
     engine_tok_s = re.search(r"^\| rollpacker embedded engine \| ([0-9.]+) \|", section, re.M)
     assert engine_tok_s and float(engine_tok_s.group(1)) > 0
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == real, "the test wrote the real RESULTS.md"
@@ -162,3 +165,12 @@ def test_fidelity_part_says_what_it_runs_and_runs_the_three_policies_through_ben
     assert f"What: {what}; complete." in section and "`python benchmarks/fidelity.py --setting tiny --seeds 0" in section
     assert re.findall(r"^\| (sync|tail|tail-unbiased) \| 0 \| 1 \|", section, re.M) == ["sync", "tail", "tail-unbiased"]
     assert (logs / "fidelity.png").stat().st_size > 0 and "$ " in (logs / "fidelity.log").read_text()
+
+
+def test_the_compare_ratio_is_the_median_over_seeds():
+    """One seed's window is not a figure to quote (on an H200: 1.43x, 1.52x, 1.57x over three seeds)."""
+    from gpu_campaign import median_ratios
+
+    runs = [{"policies": ["sync", "tail", "sorted"], "step_time_ratio": {"tail": t, "sorted": s}}
+            for t, s in ((1.43, 1.1), (1.85, 0.9), (1.52, 1.0))]
+    assert median_ratios(runs) == {"tail": 1.52, "sorted": 1.0}
