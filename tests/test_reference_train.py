@@ -65,6 +65,8 @@ def test_two_step_run_writes_every_output(tiny_model, tmp_path, trainer):
         assert min(r[k] for k in ("reward_s", "train_overlapped_s", "train_exposed_s", "sync_s")) >= 0.0
         assert r["step_s"] == pytest.approx(r["rollout_s"] + r["reward_s"] + r["train_exposed_s"] + r["sync_s"])
         assert len(r["train_spans"]) >= 2 and r["train_spans"][-1][2] == "optimizer step"
+        # a forward or more a micro-batch, each padded past the kept tokens by the prompts at least
+        assert r["train_forwards"] >= len(r["train_spans"]) - 1 and r["train_padded_tokens"] > r["kept_tokens"]
     trained = [k for r in rs for k in r["trained"]]
     assert len(trained) == len(set(trained)) == 4
     assert "step   1" in proc.stdout and "outputs in" in proc.stdout

@@ -143,6 +143,8 @@ def test_a_micro_batch_padding_past_max_forward_tokens_runs_in_chunks_with_the_s
     split = chunked.forward_backward(batch)
     assert widths == [(1, 34), (12, 2)]  # without the budget: (13, 34), 442 padded tokens
     assert split.num_tokens == one.num_tokens == 30 + 12
+    # each says what it ran: the step record's train_forwards and train_padded_tokens sum these
+    assert (split.forwards, split.padded_tokens) == (2, 34 + 24) and (one.forwards, one.padded_tokens) == (1, 442)
     assert split.loss_sum == pytest.approx(one.loss_sum, abs=1e-6)
     assert max_abs_diff(chunked.gradients(), whole.gradients()) <= GRAD_TOL
 

@@ -180,6 +180,10 @@ class TrainStats:
     entropy_sum: float = 0.0
     clip_fraction: float = 0.0
     grad_norm: float | None = None
+    forwards: int = 0
+    """Padded forwards a micro-batch took (the trainer splits one that pads past its forward budget)."""
+    padded_tokens: int = 0
+    """Their rows x padded width, prompts included: against num_tokens, what padding and prompts cost."""
 
 
 @runtime_checkable

@@ -139,6 +139,8 @@ class StepLog:
             pending_prompts=len(pending),
             duplicate_prompts=ledger.duplicates,
             entropy=entropy / tokens if tokens else 0.0,
+            train_forwards=sum(s.forwards for s in self.train_stats),
+            train_padded_tokens=sum(s.padded_tokens for s in self.train_stats),
             grad_norm=self.step_stats.grad_norm if self.step_stats is not None else None,
             requests=[[i.prompt, i.num_tokens, i.finish_reason, i.request_id, i.reward]
                       for i in self.intervals.values() if i.finish_reason],

@@ -29,7 +29,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rollpacker.backends.trainer.loss import check_micro_batch, grpo_token_loss, pack, padded_chunks, split_for_ranks
+from rollpacker.backends.trainer.loss import (check_micro_batch, grpo_token_loss, pack, padded_chunks, padded_width,
+                                              split_for_ranks)
 from rollpacker.core.errors import ConfigError, RollpackerError
 from rollpacker.core.protocols import MicroBatch, TrainStats
 
@@ -165,7 +166,8 @@ class PolicyTrainer:
             give_back_freed_memory()  # the forwards' activations and logits, freed
         totals = self._sum_over_dp(local).tolist()
         stats = TrainStats(loss_sum=totals[0], num_tokens=int(totals[1]), entropy_sum=totals[2],
-                           clip_fraction=totals[3] / max(totals[1], 1.0))
+                           clip_fraction=totals[3] / max(totals[1], 1.0), forwards=len(chunks),
+                           padded_tokens=sum(len(c) * padded_width(c, self.pad_multiple) for c in chunks))
         self._pending.add(stats, totals[3])
         return stats
 
