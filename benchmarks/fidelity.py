@@ -206,13 +206,18 @@ def check_setting(args: argparse.Namespace) -> None:
 
 # -- training --------------------------------------------------------------------------------------
 
+def resumable(state: Path) -> bool:
+    """A run's directory holds a saved state to resume from."""
+    from rollpacker.train.outputs import RunDir
+
+    return state.exists() and RunDir(state).saved_step() is not None
+
+
 def train_command(run: Run, args: argparse.Namespace, target: int) -> list[str] | None:
     """train.py's command line that takes `run` to `target` steps: a resume when its state is there, a
     fresh run when nothing of it exists (or --restart-lost); None when its state is lost."""
-    from rollpacker.train.outputs import RunDir
-
     state, metrics = args.state / run.policy / f"seed{run.seed}", args.metrics / run.policy / f"seed{run.seed}"
-    if state.exists() and RunDir(state).saved_step() is not None:
+    if resumable(state):
         return [sys.executable, "reference/train.py", "--resume", str(state), "--steps", str(target)]
     if committed_steps(metrics) and not args.restart_lost:
         print(f"{run.name}: its state is gone from {state} (a fresh machine?), its committed metrics stop at step "
@@ -234,6 +239,8 @@ def advance(run: Run, args: argparse.Namespace, deadline: float | None) -> str:
     done = committed_steps(metrics)
     if done >= args.steps:
         return "complete"
+    if args.restart_lost and not resumable(state):
+        done = 0  # trained again from step 0, a chunk at a time like the others (its metrics are replaced)
     target = min(args.steps, done + args.chunk) if args.chunk else args.steps
     cmd = train_command(run, args, target)
     if cmd is None:

@@ -1,6 +1,6 @@
 """benchmarks/fidelity.py on the tiny model (real engine, trainer and reward workers): a run trains with
 held-out evaluations, a second call resumes it where the first stopped (a step per turn with --chunk), a run whose state is gone is
-refused rather than restarted, and the plot and the RESULTS.md section come from the committed metrics
+refused rather than restarted (--restart-lost trains it again from step 0, a chunk at a time), and the plot and the RESULTS.md section come from the committed metrics
 alone (the run directories deleted).  The held-out set itself: a fixed pool of problems, less
 those the run trains."""
 
@@ -71,6 +71,9 @@ def test_runs_resume_across_calls_and_the_report_needs_only_the_metrics(tmp_path
     plot.unlink()
     call("--steps", "4", "--report")  # no training at all: the plot again
     assert plot.stat().st_size > 0
+    proc = call("--steps", "4", "--chunk", "2", "--restart-lost")  # from step 0 again, a chunk at a time
+    assert re.findall(r"sync/seed0: (\w+) at step (\d)", proc.stdout) == [("advanced", "2"), ("complete", "4")]
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2, 3]
 
     other = subprocess.run([*base, "--setting", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert other.returncode == 2 and f"error: {metrics / 'setting.json'} holds runs made with another flags" in other.stderr
