@@ -338,11 +338,8 @@ class Runner:
         cycle that still holds an old graph, collected by an allocation inside a capture, would
         reset that graph mid-capture, which invalidates the capture (seen on an H200).
 
-        Every capture warms up on one side stream, made here: cuBLAS keeps a workspace (32 MiB on
-        Hopper) for each stream it has run on, for the life of the process, and a new
-        `torch.cuda.Stream` per capture walked through torch's pool of 32 streams, so the graphs held
-        about 1 GiB of workspaces whatever the model size (an H200's probe: 1,297 MB allocated once
-        the engine was built, against 844 MB for its weights, KV cache and graphs' outputs)."""
+        Every capture warms up on one side stream: cuBLAS keeps a workspace (32 MiB on Hopper) per
+        stream it has run on, so a stream per capture held ~1 GiB (torch's pool has 32 streams)."""
         start = time.perf_counter()
         self._graphs.clear()
         gc.collect()
