@@ -74,7 +74,7 @@ SPEC_SIZES = {"full": ["--rows", "1,4,16", "--repeats", "1"],
               "tiny": ["--rows", "1", "--max-tokens", "8", "--group", "2", "--repeats", "1"]}
 TRAINER_SIZES = {"full": dict(batch=8, prompt=256, response=768, iters=5), "tiny": dict(batch=2, prompt=8, response=8, iters=2)}
 TRAIN_SIZES = {"full": ["--steps", "6", "--prompts", "16", "--samples", "8", "--max-tokens", "512",
-                        "--engine-capacity", "160", "--micro-batch-tokens", "1024", "--dataset-size", "512",
+                        "--engine-capacity", "160", "--dataset-size", "512",
                         "--reward-workers", "8"],
                "tiny": ["--preset", "tiny_debug", "--steps", "1"]}
 # seconds each part took on a lent H100 (2026-11-26, full sizes; compare: a seed; fidelity: its one-call budget): --deadline-s

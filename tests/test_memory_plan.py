@@ -7,7 +7,8 @@ import pytest
 
 from rollpacker.core.errors import ConfigError
 from rollpacker.train.config import RunConfig, resolve_device
-from rollpacker.train.memory_plan import LOGITS_CHUNK_TOKENS, LOGITS_COPIES, ModelShape, plan_memory
+from rollpacker.train.memory_plan import (LOGITS_CHUNK_TOKENS, LOGITS_COPIES, MICRO_BATCH_TOKENS, ModelShape, fitted,
+                                          plan_memory)
 
 SMOLLM2_135M = {"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
                 "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
@@ -49,6 +50,20 @@ def test_bfloat16_halves_the_model_sized_items_and_titan_counts_every_logit():
     assert smollm2_plan(logits_chunk_tokens=None).items["logits"] == 6 * 1024 * 49152 * 4 * LOGITS_COPIES
 
 
+@pytest.mark.parametrize("micro_batch_tokens, longest_prompt, measured_peak_gib",
+                         [(1024, 195, 7.479), (8192, 195, 19.616), (8192, 198, 19.670)])
+def test_the_bfloat16_plan_covers_the_peaks_an_h200_measured(micro_batch_tokens, longest_prompt, measured_peak_gib):
+    """benchmarks/gpu/h200-2026-11-27-b: `reference/train.py --compare sync,tail` with the default model
+    in bfloat16 on CUDA (capacity 160, 512 tokens, speculation's 4 columns, decode graphs), seeds 0 and 1;
+    the highest `cuda_peak_gib` of a step.  The runs printed these plans with 2 bytes an activation:
+    7.30 and 12.83 GiB (seed 0), 12.86 GiB (seed 1), under the peaks by up to 6.8 GiB.  A plan at most 15%
+    over the peak: it is not padded past use."""
+    plan = smollm2_plan(dtype="bfloat16", engine_capacity=160, prompt_tokens=longest_prompt, max_tokens=512,
+                        micro_batch_tokens=micro_batch_tokens, budget=140 * GIB, spec_tokens=4, spec_max_rows=4,
+                        cuda_graphs=True)
+    assert measured_peak_gib * GIB <= plan.total <= 1.15 * measured_peak_gib * GIB, plan.line()
+
+
 def test_rollout_on_servers_counts_only_the_trainer():
     assert set(smollm2_plan(with_engine=False, device="cpu").items) == {"trainer_state", "activations", "logits"}
     # on CUDA also the cuBLAS workspace of the default stream, which the trainer's matmuls run on
@@ -75,7 +90,25 @@ def test_over_budget_names_the_biggest_item_and_its_flag():
 def test_line_lists_every_item_and_the_total():
     line = smollm2_plan().line()
     assert line.startswith("memory plan (cuda): engine weights 0.50 GiB, trainer state 2.00 GiB, kv cache 11.25 GiB")
-    assert line.endswith("of 80.00 GiB") and "\n" not in line
+    assert line.endswith("of 80.00 GiB; micro-batches of 4096 response tokens") and "\n" not in line
+
+
+def test_an_unset_micro_batch_size_is_the_largest_that_fits_the_device():
+    """--micro-batch-tokens unset: 8192 on a GPU with room, halved until the plan fits, and where
+    nothing fits the smallest, whose check names the flag."""
+    def pick(budget_gib, device="cuda"):
+        return fitted(smollm2_plan(dtype="bfloat16", micro_batch_tokens=t, budget=budget_gib * GIB, device=device)
+                      for t in MICRO_BATCH_TOKENS[device])
+
+    assert MICRO_BATCH_TOKENS["cpu"] == (256,) and pick(80).micro_batch_tokens == 8192
+    roomy, tight = pick(80), pick(18)
+    assert tight.micro_batch_tokens in MICRO_BATCH_TOKENS["cuda"][1:-1] and tight.total <= tight.budget
+    assert smollm2_plan(dtype="bfloat16", micro_batch_tokens=2 * tight.micro_batch_tokens, budget=18 * GIB).total > 18 * GIB
+    assert roomy.items["activations"] > tight.items["activations"] and "micro-batches of 8192" in roomy.line()
+    none_fits = pick(4)
+    assert none_fits.micro_batch_tokens == 256
+    with pytest.raises(ConfigError, match="--micro-batch-tokens|--engine-capacity"):
+        none_fits.check()
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only refusal")

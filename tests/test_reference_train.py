@@ -71,6 +71,9 @@ def test_two_step_run_writes_every_output(tiny_model, tmp_path, trainer):
     assert len(trained) == len(set(trained)) == 4
     assert "step   1" in proc.stdout and "outputs in" in proc.stdout
     assert_setup_phases_come_before_the_first_step(proc.stdout, trainer)
+    # --micro-batch-tokens unset: the plan's pick on the CPU, printed and saved with the run for a resume
+    assert "micro-batches of 256 response tokens" in proc.stdout
+    assert json.loads((out / "state" / "config.json").read_text())["micro_batch_tokens"] == 256
     for name in ("timeline.png", "summary.png"):
         assert (out / name).stat().st_size > 1000
     assert any((out / "tensorboard").iterdir())

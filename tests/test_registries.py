@@ -284,6 +284,8 @@ def other_flag_value(component, option) -> list[str]:
         return [flag, next(c for c in choices if c != option.default)]
     if option.default is False:
         return [flag]
+    if option.default is None and int in choices:  # unset: picked later (--micro-batch-tokens: the memory plan)
+        return [flag, "7"]
     return [flag, "0.5" if option.default in (None, 1.0) else str(option.default + 1)]
 
 

@@ -18,6 +18,7 @@ from rollpacker.core.stream_batcher import LOSS_AGGREGATIONS
 from rollpacker.core.validators import NUMBER, config_check, flag_name
 
 from .flag_checks import at_least, non_negative_finite, positive_finite
+from .memory_plan import MICRO_BATCH_TOKENS
 
 AdvantageName = Literal[ADVANTAGES]  # type: ignore[valid-type]
 LossAggregation = Literal[LOSS_AGGREGATIONS]  # type: ignore[valid-type]
@@ -56,11 +57,13 @@ class BatchingOptions:
     """How per-token losses are averaged over the step."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards all agree."""
-    micro_batch_tokens: int = field(default=256, validator=at_least(1))
-    """Most response tokens per training micro-batch."""
+    micro_batch_tokens: int | None = field(default=None, validator=optional(at_least(1)))
+    """Most response tokens per training micro-batch; unset, the run's memory plan picks it: 256 on
+    the CPU, on CUDA the largest of 8192, 4096, ..., 256 that fits (`memory_plan.MICRO_BATCH_TOKENS`)."""
 
     def batcher_config(self) -> BatcherConfig:
-        return BatcherConfig(token_budget=self.micro_batch_tokens, advantage=self.advantage,
+        """Unset --micro-batch-tokens is the CPU's size here; the reference trainer sets the plan's pick first."""
+        return BatcherConfig(token_budget=self.micro_batch_tokens or MICRO_BATCH_TOKENS["cpu"][0], advantage=self.advantage,
                              loss_aggregation=self.loss_aggregation, dynamic_sampling=self.dynamic_sampling)
 
 

@@ -361,7 +361,7 @@ def smollm2_cpu_tail() -> RunConfig:
 def tiny_debug() -> RunConfig:
     """CI end to end: two steps with tiny sizes (use with --model pointing at a tiny model)."""
     return RunConfig(steps=2, prompts=2, samples=2, max_tokens=16, dataset_size=8, engine_capacity=8,
-                     reward_workers=1, micro_batch_tokens=256)
+                     reward_workers=1)
 
 
 PRESETS = {"smollm2_cpu_tail": smollm2_cpu_tail, "tiny_debug": tiny_debug}

@@ -119,6 +119,7 @@ class Session:
         self.memory_plan = plan_run_memory(config, self.model_dir, self.prompts, self.device)
         print(self.memory_plan.line(), flush=True)
         self.memory_plan.check()
+        config.micro_batch_tokens = self.memory_plan.micro_batch_tokens  # unset: the plan's pick, saved with the run
         on_phase(f"loading the model {self.model_dir} ({config.dtype} on {self.device})")
         model, _ = models.load_model(self.model_dir, dtype=config.dtype, device=self.device)
         # one build() per component, each from its config (rollpacker.train.registry for the engine
@@ -283,23 +284,26 @@ def build_trainer(config: RunConfig, model_dir, memory_plan=None):
 
 def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: str):
     """The memory plan of this run on `device` (engine and trainer colocated; for --rollout sglang
-    the engine's items are the servers', so only the trainer's count)."""
+    the engine's items are the servers', so only the trainer's count).  --micro-batch-tokens unset:
+    the first of `MICRO_BATCH_TOKENS[device]` that fits (the plan's `micro_batch_tokens`)."""
     from rollpacker.backends.embedded.speculation import speculation_rows
     from rollpacker.backends.models import read_config_json
-    from rollpacker.train.memory_plan import ModelShape, device_budget, plan_memory, resident_bytes
+    from rollpacker.train.memory_plan import (MICRO_BATCH_TOKENS, ModelShape, device_budget, fitted, plan_memory,
+                                              resident_bytes)
 
     longest_prompt = max(len(prompts.prompt_ids(i)) for i in range(len(prompts)))
     on_cuda = device.startswith("cuda")
     rollout, trainer = type(config.rollout_options()), type(config.trainer_options())
     runtime = 0 if on_cuda else resident_bytes()
-    return plan_memory(ModelShape.from_config(read_config_json(model_dir)), dtype=config.dtype,
-                       engine_capacity=config.engine_capacity, prompt_tokens=longest_prompt,
-                       max_tokens=config.max_tokens, micro_batch_tokens=config.micro_batch_tokens,
-                       logits_chunk_tokens=getattr(trainer, "logits_chunk_tokens", None),
-                       budget=device_budget(device), device=device,
-                       with_engine=getattr(rollout, "engine_in_process", False), spec_tokens=config.spec_tokens,
-                       spec_max_rows=speculation_rows(config.spec_max_rows, on_cuda),
-                       cuda_graphs=config.cuda_graphs and on_cuda, host_runtime=runtime, colocate=config.colocate)
+    shape, budget = ModelShape.from_config(read_config_json(model_dir)), device_budget(device)
+    sizes = (config.micro_batch_tokens,) if config.micro_batch_tokens else MICRO_BATCH_TOKENS["cuda" if on_cuda else "cpu"]
+    return fitted(plan_memory(shape, dtype=config.dtype, engine_capacity=config.engine_capacity,
+                              prompt_tokens=longest_prompt, max_tokens=config.max_tokens, micro_batch_tokens=tokens,
+                              logits_chunk_tokens=getattr(trainer, "logits_chunk_tokens", None), budget=budget,
+                              device=device, with_engine=getattr(rollout, "engine_in_process", False),
+                              spec_tokens=config.spec_tokens, spec_max_rows=speculation_rows(config.spec_max_rows, on_cuda),
+                              cuda_graphs=config.cuda_graphs and on_cuda, host_runtime=runtime, colocate=config.colocate)
+                  for tokens in sizes)
 
 
 def follower_main(config: RunConfig) -> None:
