@@ -60,7 +60,7 @@ def _titan_imports() -> bool:
 
 
 def _case_flags(case: str, root: Path) -> dict:
-    nproc, dp_shard, tp, family, tied, trainer = CASES[case]
+    _, dp_shard, tp, family, tied, trainer = CASES[case]
     return {"model_dir": str(make_tiny_checkpoint(root / "model", family=family, tied=tied)), "dp_shard": dp_shard,
             "tp": tp, "ckpt": str(root / "ckpt"), "trainer": trainer}
 
@@ -98,7 +98,7 @@ def shared(request, case: str) -> tuple[dict, dict] | None:
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("case", list(CASES))
 def test_titan_distributed(case: str, tmp_path: Path, shared) -> None:
-    nproc, dp_shard, tp, family, tied, trainer = CASES[case]
+    nproc, dp_shard, _, family, tied, trainer = CASES[case]
     _skip_without(trainer)
     r, resumed = shared or _run_cases(nproc, {case: tmp_path / case}, timeout=90)[case]
     print(f"\n[{case}] {family} tied={tied}: loss diff {r['loss_abs_diff']:.2e}, "
