@@ -6,7 +6,6 @@ mid-rollout, kill during the state save, hung / raising / NaN scorer, dead rollo
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import shutil
@@ -72,13 +71,7 @@ def test_bad_flag_is_one_line_naming_it_before_any_model_loads(tiny_model, tmp_p
 
 # -- run directories and --resume -----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def finished_run(tiny_model, tmp_path_factory) -> Path:
-    """A finished 1-step run, in a directory named after its policy; tests that change it work on a copy."""
-    out = tmp_path_factory.mktemp("finished") / "tail"
-    run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1)
-    return out
-
+# `finished_run` (tests/conftest.py): a finished 1-step run, shared with test_resume_faults.py.
 
 @pytest.mark.timeout(300)
 def test_a_new_run_into_a_used_directory_refuses(tiny_model, finished_run):
@@ -252,16 +245,17 @@ def _limit_file_size() -> None:
 
 
 @pytest.mark.timeout(400)
-def test_a_failed_save_is_one_line_keeps_the_previous_state_and_resumes(finished_run, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(finished_run, out)
-    proc = subprocess.run([sys.executable, str(TRAIN), "--resume", str(out), "--steps", "2"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=200, preexec_fn=_limit_file_size)
+def test_a_failed_save_is_one_line_keeps_the_previous_state_and_resumes(full_disk_then_resumed):
+    """A copy of `finished_run` resumed to 2 steps under a 30 MB file-size limit, then resumed again
+    (the run of tests/conftest.py's `full_disk_then_resumed`, whose TensorBoard events
+    test_resume_faults.py checks)."""
+    seen = full_disk_then_resumed
+    out, proc = seen["out"], seen["failed"]
     assert_one_clear_line(proc, 2, "saving the state of step 2", f"the previous state in {out / 'state'} is intact")
     assert any(line.startswith("step   1 ") for line in proc.stdout.splitlines()), proc.stdout  # printed before the save
-    assert json.loads((out / "state" / "scheduler.json").read_text())["step"] == 1
-    assert not (out / "state.tmp").exists()
-    run_train("--resume", out, "--steps", 2, timeout=300)
+    assert seen["scheduler_after_failure"]["step"] == 1
+    assert not seen["state_tmp_after_failure"]
+    assert seen["resumed"].returncode == 0
     assert [r["step"] for r in records(out)] == [0, 1]
     assert len(trained_keys(out)) == len(set(trained_keys(out))) == 2 * 2
 
@@ -288,14 +282,18 @@ BROKEN_REWARDS = textwrap.dedent('''
     ("os_exits", "worker_died", "exited with code 3"),
     ("returns_none", "bad_value", "returned None"),
 ])
-def test_a_reward_function_that_exits_or_returns_none_stops_the_run_naming_it(tiny_model, tmp_path, function,
-                                                                               kind, needle):
-    rewards = tmp_path / "broken.py"
-    rewards.write_text(BROKEN_REWARDS)
+def test_a_reward_function_that_exits_or_returns_none_stops_the_run_naming_it(tiny_model, tmp_path, request,
+                                                                               function, kind, needle):
+    if function == "returns_none":  # the run test_resume_faults.py resumes (tests/conftest.py), not trained twice
+        run = request.getfixturevalue("all_rewards_none_run")
+        out, proc, rewards = run["out"], run["proc"], run["rewards"]
+    else:
+        rewards = tmp_path / "broken.py"
+        rewards.write_text(BROKEN_REWARDS)
+        out = tmp_path / "run"
+        proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1,
+                         "--reward", f"{rewards}:{function}", check=False, timeout=200)
     needle = needle.format(file=rewards)
-    out = tmp_path / "run"
-    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1,
-                     "--reward", f"{rewards}:{function}", check=False, timeout=200)
     line = assert_one_clear_line(proc, 2, "step 0: every reward failed", needle, f"--resume {out}",
                                  "--allow-failed-rewards")
     (warning,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: step 0: the reward function")]

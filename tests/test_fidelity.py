@@ -1,6 +1,7 @@
 """benchmarks/fidelity.py on the tiny model (real engine, trainer and reward workers): a run trains with
-held-out evaluations, a second call resumes it where the first stopped (a step per turn with --chunk), a run whose state is gone is
-refused rather than restarted (--restart-lost trains it again from step 0, a chunk at a time), and the plot and the RESULTS.md section come from the committed metrics
+held-out evaluations, a second call resumes it where the first stopped, a run whose state is gone is
+refused rather than restarted (--restart-lost trains it again from step 0, a chunk at a time: a fresh
+turn, then a turn that resumes it), and the plot and the RESULTS.md section come from the committed metrics
 alone (the run directories deleted).  The held-out set itself: a fixed pool of problems, less
 those the run trains."""
 
@@ -47,33 +48,35 @@ def test_runs_resume_across_calls_and_the_report_needs_only_the_metrics(tmp_path
     assert set(lines(sync / "metrics.jsonl")[0]) <= set(KEPT_FIELDS)  # the per-request lists are not committed
     assert "partial" not in results.read_text()  # 1 of 1 steps: complete
 
-    proc = call("--steps", "3", "--chunk", "1")  # continues the same run, a step per turn: resumed twice
-    assert (state / "train.log").read_text().count("resumed") == 2
-    assert re.findall(r"sync/seed0: (\w+) at step (\d)", proc.stdout) == [("advanced", "2"), ("complete", "3")]
-    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2]
+    proc = call("--steps", "2", "--chunk", "1")  # a second call continues the same run: resumed
+    assert (state / "train.log").read_text().count("resumed") == 1
+    assert re.findall(r"sync/seed0: (\w+) at step (\d)", proc.stdout) == [("complete", "2")]
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1]
     evals = lines(sync / "eval.jsonl")
-    assert [e["step"] for e in evals] == [0, 1, 2, 3] and all(e["eval_prompts"] == 2 for e in evals)
+    assert [e["step"] for e in evals] == [0, 1, 2] and all(e["eval_prompts"] == 2 for e in evals)
     assert all(e["eval_samples"] == 2 and 0 <= e["eval_sampled_reward"] <= 1 and e["eval_sampled_length"] > 0
                for e in evals)  # the tiny setting's --eval-samples 2: sampled as trained, beside greedy
 
     shutil.rmtree(state)  # a fresh machine: the committed metrics are all that is left of the run
     plot.unlink()
-    proc = call("--steps", "4")
-    assert re.search(r"sync/seed0: its state is gone .* stop at step 3: it cannot continue; --restart-lost", proc.stdout)
-    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2]  # kept, not replaced
+    proc = call("--steps", "3")
+    assert re.search(r"sync/seed0: its state is gone .* stop at step 2: it cannot continue; --restart-lost", proc.stdout)
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1]  # kept, not replaced
     assert plot.stat().st_size > 0
     text = results.read_text()
     assert "## Simulator\n\nkept as it is" in text
     section = text[text.index("## Fidelity: reward curves of sync, tail and unbiased tail (tiny)"):]
-    rows = re.findall(r"^\| (sync) \| 0 \| (\d+)( \(partial, of 4\))? \|", section, re.M)
+    rows = re.findall(r"^\| (sync) \| 0 \| (\d+)( \(partial, of 3\))? \|", section, re.M)
     assert "held-out reward, sampled (2 a prompt)" in section
-    assert rows == [("sync", "3", " (partial, of 4)")] and "**Partial**" in section
+    assert rows == [("sync", "2", " (partial, of 3)")] and "**Partial**" in section
     plot.unlink()
-    call("--steps", "4", "--report")  # no training at all: the plot again
+    call("--steps", "3", "--report")  # no training at all: the plot again
     assert plot.stat().st_size > 0
-    proc = call("--steps", "4", "--chunk", "2", "--restart-lost")  # from step 0 again, a chunk at a time
-    assert re.findall(r"sync/seed0: (\w+) at step (\d)", proc.stdout) == [("advanced", "2"), ("complete", "4")]
-    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2, 3]
+    # from step 0 again, a chunk at a time within the call: a fresh run to step 2, then a turn that resumes it
+    proc = call("--steps", "3", "--chunk", "2", "--restart-lost")
+    assert re.findall(r"sync/seed0: (\w+) at step (\d)", proc.stdout) == [("advanced", "2"), ("complete", "3")]
+    assert (state / "train.log").read_text().count("resumed") == 1
+    assert [r["step"] for r in lines(sync / "metrics.jsonl")] == [0, 1, 2]
 
     other = subprocess.run([*base, "--setting", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert other.returncode == 2 and f"error: {metrics / 'setting.json'} holds runs made with another flags" in other.stderr

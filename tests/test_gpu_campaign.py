@@ -17,69 +17,70 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-@pytest.mark.timeout(240)
-def test_campaign_writes_every_section_with_device_and_commands(tmp_path):
+@pytest.fixture(scope="module", autouse=True)
+def campaign_call(tmp_path_factory):
+    """One call of four parts (engine, trainer, compare, fidelity with --fidelity-steps 1) into a
+    RESULTS.md that holds another section, started when the module starts: it runs beside the
+    module's other tests (each part in its own child processes, as alone), and the two tests that
+    read it, last in the module, wait for it (`campaign`)."""
     from rollpacker.backends.models import tiny_random_llama
 
-    results = tmp_path / "RESULTS.md"
+    tmp = tmp_path_factory.mktemp("campaign")
+    results = tmp / "RESULTS.md"
     results.write_text("# Benchmark results\n\n## Simulator\n\nkept as it is\n")
     real = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer", "torch",
-           "--model", str(tiny_random_llama()), "--policies", "sync,tail", "--out", str(tmp_path / "runs"),
-           "--results", str(results), "--part", "engine,trainer,compare"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=230)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+           "--model", str(tiny_random_llama()), "--policies", "sync,tail", "--out", str(tmp / "runs"),
+           "--results", str(results), "--part", "engine,trainer,compare,fidelity", "--fidelity-steps", "1"]
+    with (tmp / "stdout").open("w") as out, (tmp / "stderr").open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True)
+    try:
+        yield {"proc": proc, "cmd": cmd, "tmp": tmp, "results": results, "logs": tmp / "runs" / "logs", "real": real}
+    finally:
+        if proc.poll() is None:  # (a module cut short, or -k without the tests that read it)
+            proc.kill()
+            proc.wait()
 
-    text = results.read_text()
-    assert "## Simulator\n\nkept as it is" in text
-    section = text[text.index("## One-device campaign (cpu"):]
-    for sub in ("### Embedded engine", "### Trainer", "### Reference trainer: sync vs tail"):
-        assert section.count(sub) == 1
-        assert f"torch {torch.__version__}, trainer torch (--trainer torch)" in section.split(sub)[1]
-    assert "`python benchmarks/engine_throughput.py --device cpu --dtype float32" in section
-    assert "`python benchmarks/gpu_campaign.py --device cpu --tiny --trainer torch" in section
-    assert re.search(r"`python reference/train\.py --preset tiny_debug --steps 1 --compare sync,tail --seed 0 --device cpu "
-                     r"--trainer torch", section)
-    assert "`memory plan (cpu): engine weights" in section and "`TorchTrainer` forward+backward" in section
-    rows = dict(re.findall(r"^\| 0 \| (sync|tail) \| ([0-9.]+) \|", section, re.M))
-    assert set(rows) == {"sync", "tail"} and all(float(s) > 0 for s in rows.values())
-    seed0 = re.search(r"^\| 0 \| tail \| [0-9.]+ \| ([0-9.]+)x \|", section, re.M).group(1)
-    assert f"sync/policy step time, the median over seeds 0: tail {seed0}x." in section
-    engine_tok_s = re.search(r"^\| rollpacker embedded engine \| ([0-9.]+) \|", section, re.M)
-    assert engine_tok_s and float(engine_tok_s.group(1)) > 0
-    assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == real, "the test wrote the real RESULTS.md"
-    figures = [json.loads(line) for line in (tmp_path / "runs" / "logs" / "figures.jsonl").read_text().splitlines()]
-    assert [f["part"] for f in figures] == ["engine", "trainer", "compare"] and figures[0]["embedded_tok_s"] > 0
-    assert "$ python reference/train.py --preset tiny_debug" in (tmp_path / "runs" / "logs" / "compare.log").read_text()
+
+@pytest.fixture(scope="module")
+def campaign(campaign_call) -> dict:
+    """`campaign_call` once it has ended: its CompletedProcess beside its files."""
+    call = campaign_call
+    returncode = call["proc"].wait(timeout=600)
+    proc = subprocess.CompletedProcess(call["cmd"], returncode, (call["tmp"] / "stdout").read_text(),
+                                       (call["tmp"] / "stderr").read_text())
+    return {**call, "proc": proc}
 
 
 @pytest.mark.timeout(240)
 def test_a_failing_part_keeps_its_stderr_and_the_other_parts(tmp_path):
     """compare fails (an unknown policy): its log holds the child's stderr and exit status, figures.jsonl
-    its error, the exit status is 1, and the engine part before it still wrote its figures and section;
-    a second call appends to the same files."""
+    its error, the exit status is 1, and the env part before it still wrote its figures and section;
+    a second call appends to the same files.  (env, not engine, before it: the cheaper part; the
+    engine part's figures and section are checked by the test above.)"""
     from rollpacker.backends.models import tiny_random_llama
 
     logs, results = tmp_path / "logs", tmp_path / "R.md"
     cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer", "torch",
            "--model", str(tiny_random_llama()), "--out", str(tmp_path / "runs"), "--logs", str(logs),
            "--results", str(results)]
-    proc = subprocess.run([*cmd, "--part", "engine,compare", "--policies", "sync,nosuch"], cwd=ROOT,
+    proc = subprocess.run([*cmd, "--part", "env,compare", "--policies", "sync,nosuch"], cwd=ROOT,
                           capture_output=True, text=True, timeout=230)
     assert proc.returncode == 1, proc.stderr[-3000:]
     log = (logs / "compare.log").read_text()
     child_error = log.split("--- stderr\n")[1].split("\n--- exit status")[0]
     assert "nosuch" in child_error and "--- exit status " in log and "--- exit status 0" not in log
     assert "error: part compare failed: python reference/train.py" in proc.stderr and str(logs / "compare.log") in proc.stderr
-    assert "--- stderr\n" in (logs / "engine.log").read_text()
+    assert "--- stderr\n" in (logs / "env.log").read_text()
     figures = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
-    assert [f["part"] for f in figures] == ["engine", "compare"]
-    assert figures[0]["embedded_tok_s"] > 0 and "nosuch" in figures[1]["error"]
-    assert "### Embedded engine" in results.read_text() and "### Reference trainer" not in results.read_text()
+    assert [f["part"] for f in figures] == ["env", "compare"]
+    assert figures[0]["missing_required"] == [] and "nosuch" in figures[1]["error"]
+    assert "### Environment" in results.read_text() and "### Reference trainer" not in results.read_text()
     proc = subprocess.run([*cmd, "--part", "env"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
-    assert [f["part"] for f in figures] == ["engine", "compare", "env"] and figures[2]["missing_required"] == []
+    assert [f["part"] for f in figures] == ["env", "compare", "env"] and figures[2]["missing_required"] == []
+    assert (logs / "env.log").read_text().count("--- exit status 0") == 2  # the second call's run appended
 
 
 @pytest.mark.timeout(240)
@@ -128,43 +129,31 @@ def test_the_tests_part_runs_every_gpu_marked_test_found_by_its_marker(tmp_path)
     skipped, and -ra names it."""
     from rollpacker.backends.models import tiny_random_llama
 
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-o", "addopts=",
-                              "-p", "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=200)
-    assert collect.returncode == 0, collect.stdout[-3000:]
-    marked = [line for line in collect.stdout.splitlines() if "::" in line]
+    # pytest's own collection runs beside the campaign (two processes that mostly import: two cores)
+    collecting = subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-o", "addopts=",
+                                   "-p", "no:cacheprovider", "tests"], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+    try:
+        logs = tmp_path / "logs"
+        proc = subprocess.run([sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer",
+                               "torch", "--model", str(tiny_random_llama()), "--out", str(tmp_path / "runs"), "--logs",
+                               str(logs), "--results", str(tmp_path / "R.md"), "--part", "tests"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        collected, _ = collecting.communicate(timeout=300)
+    finally:
+        if collecting.poll() is None:
+            collecting.kill()
+            collecting.communicate()
+    assert collecting.returncode == 0, collected[-3000:]
+    marked = [line for line in collected.splitlines() if "::" in line]
     expected = _test_files(marked)
     assert {"tests/test_engine_graphs.py", "tests/test_colocate.py", "tests/test_weight_sync.py"} <= expected
 
-    logs = tmp_path / "logs"
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer",
-                           "torch", "--model", str(tiny_random_llama()), "--out", str(tmp_path / "runs"), "--logs",
-                           str(logs), "--results", str(tmp_path / "R.md"), "--part", "tests"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     skipped = [line for line in (logs / "tests.log").read_text().splitlines() if line.startswith("SKIPPED")]
     assert _test_files(skipped) == expected
     (figures,) = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
     assert figures["skipped"] == len(marked) and not figures.get("passed")
-
-
-@pytest.mark.timeout(400)
-def test_fidelity_part_says_what_it_runs_and_runs_the_three_policies_through_benchmarks_fidelity(tmp_path):
-    """The part is benchmarks/fidelity.py (one driver): its first line and its section say the sizes and
-    steps; the three policies train on seed 0 within one call and their table is in the section."""
-    from rollpacker.backends.models import tiny_random_llama
-
-    logs, results = tmp_path / "logs", tmp_path / "R.md"
-    cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--device", "cpu", "--tiny", "--trainer", "torch",
-           "--model", str(tiny_random_llama()), "--out", str(tmp_path / "runs"), "--logs", str(logs),
-           "--results", str(results), "--part", "fidelity", "--fidelity-steps", "1"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=380)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    what = "3 policies (sync, tail, tail-unbiased), seed 0, 1 steps each: tiny_debug sizes (CI)"
-    assert f"fidelity: {what}\n" in proc.stdout and f"fidelity: {what}: complete" in proc.stdout
-    section = results.read_text().split("### Fidelity: reward curves")[1]
-    assert f"What: {what}; complete." in section and "`python benchmarks/fidelity.py --setting tiny --seeds 0" in section
-    assert re.findall(r"^\| (sync|tail|tail-unbiased) \| 0 \| 1 \|", section, re.M) == ["sync", "tail", "tail-unbiased"]
-    assert (logs / "fidelity.png").stat().st_size > 0 and "$ " in (logs / "fidelity.log").read_text()
 
 
 def test_the_compare_ratio_is_the_median_over_seeds():
@@ -174,3 +163,47 @@ def test_the_compare_ratio_is_the_median_over_seeds():
     runs = [{"policies": ["sync", "tail", "sorted"], "step_time_ratio": {"tail": t, "sorted": s}}
             for t, s in ((1.43, 1.1), (1.85, 0.9), (1.52, 1.0))]
     assert median_ratios(runs) == {"tail": 1.52, "sorted": 1.0}
+
+
+@pytest.mark.timeout(60)
+def test_campaign_writes_every_section_with_device_and_commands(campaign):
+    proc, results, logs = campaign["proc"], campaign["results"], campaign["logs"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    text = results.read_text()
+    assert "## Simulator\n\nkept as it is" in text
+    section = text[text.index("## One-device campaign (cpu"):]
+    for sub in ("### Embedded engine", "### Trainer", "### Reference trainer: sync vs tail"):
+        assert section.count(sub) == 1
+        assert f"torch {torch.__version__}, trainer torch (--trainer torch)" in section.split(sub)[1]
+    assert "`python benchmarks/engine_throughput.py --device cpu --dtype float32" in section
+    assert "`python benchmarks/gpu_campaign.py --device cpu --tiny --trainer torch" in section
+    assert re.search(r"`python reference/train\.py --preset tiny_debug --steps 1 --compare sync,tail --seed 0 --device cpu "
+                     r"--trainer torch", section)
+    assert "`memory plan (cpu): engine weights" in section and "`TorchTrainer` forward+backward" in section
+    rows = dict(re.findall(r"^\| 0 \| (sync|tail) \| ([0-9.]+) \|", section, re.M))
+    assert set(rows) == {"sync", "tail"} and all(float(s) > 0 for s in rows.values())
+    seed0 = re.search(r"^\| 0 \| tail \| [0-9.]+ \| ([0-9.]+)x \|", section, re.M).group(1)
+    assert f"sync/policy step time, the median over seeds 0: tail {seed0}x." in section
+    engine_tok_s = re.search(r"^\| rollpacker embedded engine \| ([0-9.]+) \|", section, re.M)
+    assert engine_tok_s and float(engine_tok_s.group(1)) > 0
+    assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == campaign["real"], "the test wrote the real RESULTS.md"
+    figures = [json.loads(line) for line in (logs / "figures.jsonl").read_text().splitlines()]
+    assert [f["part"] for f in figures] == ["engine", "trainer", "compare", "fidelity"]
+    assert figures[0]["embedded_tok_s"] > 0
+    assert "$ python reference/train.py --preset tiny_debug" in (logs / "compare.log").read_text()
+
+
+@pytest.mark.timeout(60)
+def test_fidelity_part_says_what_it_runs_and_runs_the_three_policies_through_benchmarks_fidelity(campaign):
+    """The part is benchmarks/fidelity.py (one driver): its first line and its section say the sizes and
+    steps; the three policies train on seed 0 within one call and their table is in the section.
+    (The fidelity part of the `campaign` call, after its other parts.)"""
+    proc, results, logs = campaign["proc"], campaign["results"], campaign["logs"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    what = "3 policies (sync, tail, tail-unbiased), seed 0, 1 steps each: tiny_debug sizes (CI)"
+    assert f"fidelity: {what}\n" in proc.stdout and f"fidelity: {what}: complete" in proc.stdout
+    section = results.read_text().split("### Fidelity: reward curves")[1]
+    assert f"What: {what}; complete." in section and "`python benchmarks/fidelity.py --setting tiny --seeds 0" in section
+    assert re.findall(r"^\| (sync|tail|tail-unbiased) \| 0 \| 1 \|", section, re.M) == ["sync", "tail", "tail-unbiased"]
+    assert (logs / "fidelity.png").stat().st_size > 0 and "$ " in (logs / "fidelity.log").read_text()

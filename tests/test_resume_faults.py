@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from test_faults import (BROKEN_REWARDS, _limit_file_size, assert_one_clear_line, error_lines,  # noqa: F401
-                         finished_run, trained_keys)
-from test_reference_train import ROOT, TRAIN, records, run_train, tiny_model  # noqa: F401 - fixtures
+from test_faults import assert_one_clear_line, error_lines, trained_keys
+from test_reference_train import records, run_train, tiny_model  # noqa: F401 - fixtures
 
 
 # -- a state file damaged in place, at its size: one line naming it, before anything loads --------
@@ -103,30 +100,28 @@ def assert_events_equal_metrics(run_dir: Path) -> dict[str, list[tuple[int, floa
 
 
 @pytest.mark.timeout(600)
-def test_tensorboard_shows_each_step_once_after_a_full_disk_and_a_resume(finished_run, tmp_path):
+def test_tensorboard_shows_each_step_once_after_a_full_disk_and_a_resume(full_disk_then_resumed):
     """The save of step 1 fails (the disk is full: step 1 is logged, not saved); the resume plays
-    step 1 again.  Step 0 keeps the wall time it was first logged at."""
-    out = tmp_path / "run"
-    shutil.copytree(finished_run, out)
-    (first_step_0,) = tensorboard_events(out)["step_s"]
-    proc = subprocess.run([sys.executable, str(TRAIN), "--resume", str(out), "--steps", "2"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=200, preexec_fn=_limit_file_size)
-    assert_one_clear_line(proc, 2, "saving the state of step 2")
-    assert [step for step, _, _ in tensorboard_events(out)["step_s"]] == [0, 1]
-    run_train("--resume", out, "--steps", 2, timeout=300)
+    step 1 again.  Step 0 keeps the wall time it was first logged at.  (The run of tests/conftest.py's
+    `full_disk_then_resumed`, whose failed save's line and kept state test_faults.py checks.)"""
+    seen = full_disk_then_resumed
+    out = seen["out"]
+    (first_step_0,) = seen["events_before"]["step_s"]
+    assert_one_clear_line(seen["failed"], 2, "saving the state of step 2")
+    assert [step for step, _, _ in seen["events_after_failure"]["step_s"]] == [0, 1]
+    assert seen["resumed"].returncode == 0
     assert [r["step"] for r in records(out)] == [0, 1]
     events = assert_events_equal_metrics(out)
     assert events["step_s"][0] == first_step_0
 
 
 @pytest.mark.timeout(600)
-def test_tensorboard_shows_each_step_once_after_a_step_whose_rewards_all_failed(tiny_model, tmp_path):
-    rewards = tmp_path / "broken.py"
-    rewards.write_text(BROKEN_REWARDS)
+def test_tensorboard_shows_each_step_once_after_a_step_whose_rewards_all_failed(all_rewards_none_run, tmp_path):
+    """The run of tests/conftest.py's `all_rewards_none_run` (test_faults.py checks its one line and
+    record), on a copy: its step 0 played again on reward 0."""
     out = tmp_path / "run"
-    proc = run_train("--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 1,
-                     "--reward", f"{rewards}:returns_none", check=False, timeout=200)
-    assert_one_clear_line(proc, 2, "step 0: every reward failed")
+    shutil.copytree(all_rewards_none_run["out"], out)
+    assert_one_clear_line(all_rewards_none_run["proc"], 2, "step 0: every reward failed")
     run_train("--resume", out, "--allow-failed-rewards", timeout=200)  # step 0 again, on reward 0
     assert [r["step"] for r in records(out)] == [0]
     assert_events_equal_metrics(out)

@@ -71,26 +71,26 @@ def servers_match_the_checkpoint(servers, model: str, checkpoint) -> None:
 def test_sync_and_tail_train_every_prompt_once_and_the_servers_hold_the_trainers_weights(servers, model, tmp_path,
                                                                                          policy):
     out = tmp_path / policy
-    run_train(*train_args(model, servers, out, policy, steps=3), timeout=800)
+    run_train(*train_args(model, servers, out, policy, steps=2), timeout=800)
     rs = records(out)
-    assert [r["step"] for r in rs] == [0, 1, 2]
-    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 3 * 2, "a prompt was lost or trained twice"
+    assert [r["step"] for r in rs] == [0, 1]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 2 * 2, "a prompt was lost or trained twice"
     assert all(r["on_policy_fraction"] == 1.0 and r["weight_sync_buckets"] > 1 for r in rs)
-    assert weight_versions(servers) == ["3", "3"]  # one sync after each step
-    servers_match_the_checkpoint(servers, model, out / "checkpoints" / "step_3")
+    assert weight_versions(servers) == ["2", "2"]  # one sync after each step
+    servers_match_the_checkpoint(servers, model, out / "checkpoints" / "step_2")
 
 
 @pytest.mark.timeout(900)
 def test_ctrl_c_then_resume_rejoins_the_running_servers_and_trains_every_prompt_once(servers, model, tmp_path):
     out = tmp_path / "run"
-    proc = start_train(*train_args(model, servers, out, "tail", steps=4))
-    wait_for_saved_step(out, 1, proc, timeout_s=500)
+    proc = start_train(*train_args(model, servers, out, "tail", steps=3))
+    wait_for_saved_step(out, 1, proc, timeout_s=500)  # SIGINT at once: steps 1 and 2 are still to train
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
     assert RunDir(out).saved_step() >= 1
     run_train("--resume", out, timeout=800)  # a new weight group: the old one is still on the servers
-    assert [r["step"] for r in records(out)] == [0, 1, 2, 3]
-    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 4 * 2, "a prompt was lost or trained twice"
-    assert weight_versions(servers) == ["4", "4"]
-    servers_match_the_checkpoint(servers, model, out / "checkpoints" / "step_4")
+    assert [r["step"] for r in records(out)] == [0, 1, 2]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 3 * 2, "a prompt was lost or trained twice"
+    assert weight_versions(servers) == ["3", "3"]
+    servers_match_the_checkpoint(servers, model, out / "checkpoints" / "step_3")

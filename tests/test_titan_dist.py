@@ -1,8 +1,10 @@
 """The TorchTitan trainer under torchrun on CPU/gloo: FSDP2, TP, FSDP2+TP against a transformers
 reference (and the plain PyTorch trainer with FSDP2); streamed accumulation; training progress; export; checkpoint save -> kill -> resume.
 
-Each case launches tests/titan_dist_check.py twice (train, then resume in a fresh process group)
-and asserts on the JSON it writes.  Figures are printed (run with -s to see them).
+Each case runs tests/titan_dist_check.py twice (train, then resume in a fresh process group) and
+asserts on the JSON it writes.  The 2-rank cases share their launches (`two_rank_results`: one
+torchrun trains them in turn, each with its own trainer and checkpoint, then one fresh torchrun
+resumes each); FSDP2+TP (4 ranks) has its own.  Figures are printed (run with -s to see them).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ CASES = {
     "fsdp2+tp2": (4, 2, 2, "llama", False, "titan"),
     "torch-fsdp2": (2, 2, 1, "llama", True, "torch"),  # TorchTrainer: fully_shard on the HF model
 }
+SHARED_ORDER = ("torch-fsdp2", "fsdp2", "tp2")
+"""The 2-rank cases, in the order one launch runs them: the plain PyTorch trainer first, before
+TorchTitan's trainer has patched anything in the process."""
 
 
 def _skip_without(trainer: str) -> None:
@@ -46,18 +51,56 @@ def _launch(nproc: int, args: list[str], timeout: float) -> None:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
+def _titan_imports() -> bool:
+    try:
+        import torchtitan  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _case_flags(case: str, root: Path) -> dict:
+    _, dp_shard, tp, family, tied, trainer = CASES[case]
+    return {"model_dir": str(make_tiny_checkpoint(root / "model", family=family, tied=tied)), "dp_shard": dp_shard,
+            "tp": tp, "ckpt": str(root / "ckpt"), "trainer": trainer}
+
+
+def _run_cases(nproc: int, cases: dict[str, Path], timeout: float) -> dict[str, tuple[dict, dict]]:
+    """Train `cases` (id -> its directory) in one torchrun, then resume them in a fresh one:
+    id -> (train JSON, resume JSON)."""
+    flags = {case: _case_flags(case, root) for case, root in cases.items()}
+    for phase in ("train", "resume"):
+        listed = [{**flags[case], "out": str(root / f"{phase}.json")} for case, root in cases.items()]
+        spec = next(iter(cases.values())).parent / f"{'+'.join(cases)}-{phase}.json"
+        spec.write_text(json.dumps(listed))
+        _launch(nproc, ["--cases", str(spec), "--phase", phase], timeout=timeout)
+    return {case: (json.loads((root / "train.json").read_text()), json.loads((root / "resume.json").read_text()))
+            for case, root in cases.items()}
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """The 2-rank cases (those whose trainer imports), trained in one torchrun and resumed in another."""
+    tmp = tmp_path_factory.mktemp("two-ranks")
+    cases = [c for c in SHARED_ORDER if CASES[c][5] != "titan" or _titan_imports()]
+    return _run_cases(2, {case: tmp / case for case in cases}, timeout=240)
+
+
+@pytest.fixture
+def shared(request, case: str) -> tuple[dict, dict] | None:
+    """A 2-rank case's results from `two_rank_results` (in the test's setup: the shared launches are
+    bounded by their own timeouts, not by whichever test asks first); None for the others."""
+    if case not in SHARED_ORDER or (CASES[case][5] == "titan" and not _titan_imports()):
+        return None
+    return request.getfixturevalue("two_rank_results")[case]
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("case", list(CASES))
-def test_titan_distributed(case: str, tmp_path: Path) -> None:
-    nproc, dp_shard, tp, family, tied, trainer = CASES[case]
+def test_titan_distributed(case: str, tmp_path: Path, shared) -> None:
+    nproc, dp_shard, _, family, tied, trainer = CASES[case]
     _skip_without(trainer)
-    model_dir = make_tiny_checkpoint(tmp_path / "model", family=family, tied=tied)
-    ckpt = tmp_path / "ckpt"
-    common = ["--model-dir", str(model_dir), "--dp-shard", str(dp_shard), "--tp", str(tp), "--ckpt", str(ckpt), "--trainer", trainer]
-    _launch(nproc, [*common, "--out", str(tmp_path / "train.json"), "--phase", "train"], timeout=90)
-    _launch(nproc, [*common, "--out", str(tmp_path / "resume.json"), "--phase", "resume"], timeout=90)
-    r = json.loads((tmp_path / "train.json").read_text())
-    resumed = json.loads((tmp_path / "resume.json").read_text())
+    r, resumed = shared or _run_cases(nproc, {case: tmp_path / case}, timeout=90)[case]
     print(f"\n[{case}] {family} tied={tied}: loss diff {r['loss_abs_diff']:.2e}, "
           f"grad diff {r['grad_max_abs_diff']:.2e} (max |g| {r['grad_max_abs']:.2f}), "
           f"streamed grad diff {r['stream_grad_max_abs_diff']:.2e}, "

@@ -10,6 +10,10 @@ over a few optimizer steps on a fixed batch; export -> transformers logits vs To
 It then saves a checkpoint, records the next two steps' losses and exits without cleanup (as if
 killed).  Phase `resume` loads that checkpoint in a fresh process and records the same losses.
 Rank 0 writes the figures as JSON; tests/test_titan_dist.py asserts on them.
+
+With --cases FILE (a JSON list of {"model_dir", "dp_shard", "tp", "ckpt", "out", "trainer"}), one
+launch checks several layouts of the same world in turn, each with its own trainer, checkpoint and
+JSON, in one process group (a resume launch loads each case's checkpoint in the same order).
 """
 
 from __future__ import annotations
@@ -114,16 +118,34 @@ def two_more_steps(trainer, batch: MicroBatch, normalizer: float) -> list[float]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--model-dir")
     ap.add_argument("--dp-shard", type=int, default=-1)
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--ckpt")
     ap.add_argument("--phase", choices=("train", "resume"), default="train")
     ap.add_argument("--trainer", choices=("titan", "torch"), default="titan")
+    ap.add_argument("--cases", help="a JSON file: a list of cases (the flags above, less --phase) run in turn")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.cases:
+        with open(args.cases) as f:
+            cases = [argparse.Namespace(**{"dp_shard": -1, "tp": 1, "trainer": "titan", **case}) for case in json.load(f)]
+    elif not (args.model_dir and args.out and args.ckpt):
+        ap.error("--model-dir, --out and --ckpt are required (or --cases)")
+    else:
+        cases = [args]
+    dist = torch.distributed
+    for case in cases:
+        run_case(case, args.phase)
+    if dist.is_initialized():
+        dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # as if killed: no process-group teardown, no destructor
 
+
+def run_case(args, phase: str) -> None:
+    """One layout's checks (its trainer, checkpoint and JSON); the trainer is dropped afterwards."""
     from transformers import AutoModelForCausalLM
 
     trainer = build_trainer(args)
@@ -135,7 +157,7 @@ def main() -> None:
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     result: dict = {"world_size": world, "dp_shard": trainer.dp_size, "tp": args.tp}
 
-    if args.phase == "train":
+    if phase == "train":
         # 1. Full batch vs the transformers reference.
         stats = trainer.forward_backward(full)
         grads_full = trainer.gradients()
@@ -193,8 +215,6 @@ def main() -> None:
             json.dump(result, f, indent=1)
     if dist.is_initialized():
         dist.barrier()
-    sys.stdout.flush()
-    os._exit(0)  # as if killed: no process-group teardown, no destructor
 
 
 if __name__ == "__main__":
