@@ -327,6 +327,30 @@ def test_each_component_answers_the_plan_for_itself():
     assert titan.items["logits"] * LOGITS_CHUNK_TOKENS == embedded.items["logits"] * titan.forward_tokens
 
 
+def test_an_unset_micro_batch_size_is_the_cpus_256_in_the_runs_plan():
+    from test_colocate import Prompts
+
+    from rollpacker.backends.models import tiny_random_llama
+    from rollpacker.train.session import plan_run_memory
+
+    plan = plan_run_memory(RunConfig(trainer="torch", max_tokens=400), tiny_random_llama(), Prompts(), "cpu")
+    assert plan.micro_batch_tokens == 256 and plan.forward_tokens == 1 * (3 + 400)  # one row: 256 < 400 tokens
+
+
+@pytest.mark.gpu
+def test_an_unset_micro_batch_size_on_a_gpu_is_8192_where_it_fits_and_a_given_one_is_kept():
+    from test_colocate import Prompts
+
+    from rollpacker.backends.models import tiny_random_llama
+    from rollpacker.train.session import plan_run_memory
+
+    def plan(**sizes):
+        return plan_run_memory(RunConfig(trainer="torch", device="cuda", dtype="bfloat16", **sizes),
+                               tiny_random_llama(), Prompts(), "cuda")
+
+    assert plan().micro_batch_tokens == 8192 and plan(micro_batch_tokens=512).micro_batch_tokens == 512
+
+
 _PARENT_THEN_PROBE = """import subprocess, sys
 held = bytearray(1 << 30)
 held[::4096] = b"x" * len(held[::4096])

@@ -65,8 +65,8 @@ ACTIVATION_BYTES = {"float32": 4.0, "bfloat16": 4.5}
 master weights: the residual stream, the RMS norms and the rotary outputs stay float32, autocast keeps a
 bfloat16 copy of each matmul's input, and backward's transients grow with the forward too.  Measured on
 an H200 (SmolLM2-135M, torch 2.11, the campaign's sizes at seed 0): the peak grew by 12.14 GiB from
---micro-batch-tokens 1024 to 8192 where 2 bytes an element counted 5.52 GiB, 4.4 bytes an element;
-at 2 the plan was 12.83 GiB against a 19.62 GiB peak."""
+--micro-batch-tokens 1024 to 8192 where 2 bytes an element counted 5.52 GiB: 4.4 bytes an element,
+counted as 4.5 for margin; at 2 the plan was 12.83 GiB against a 19.62 GiB peak."""
 LOGITS_CHUNK_TOKENS = 1024  # TorchTrainerConfig.logits_chunk_tokens' default
 LOGITS_COPIES = 6  # float32 [positions, vocab] tensors alive at the log-prob's peak
 RUNTIME_GROWTH = 256 * 2**20
