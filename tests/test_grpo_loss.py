@@ -122,6 +122,37 @@ def test_chunked_logprobs_equal_unchunked_values_and_gradients(chunk_tokens) -> 
         assert (a - b).abs().max().item() <= 2e-6 * max(1.0, a.abs().max().item()), name
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 1000])
+def test_masked_logprobs_project_only_the_mask_with_the_values_and_gradients_of_the_whole(chunk_tokens) -> None:
+    """The loss reads response positions only: with a mask, the LM head's matmuls cover its True
+    rows alone (counted by torch's FLOP counter), the values there and every gradient equal the
+    unmasked computation's under the same mask, and the other positions are 0."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    hidden, weight, targets = _head_problem(torch.float32)
+    mask = torch.zeros(targets.shape, dtype=torch.bool)
+    mask[0, 2:], mask[1, 6:], mask[2, 3:5] = True, True, True  # 5 + 1 + 2 of 21 positions
+    coef = mask.float()
+
+    def run(use_mask: bool):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            logp, entropy = chunked_token_logprobs_and_entropy(hidden, weight, targets, chunk_tokens=chunk_tokens,
+                                                               mask=mask if use_mask else None)
+            ((logp * coef).sum() + 0.3 * (entropy * coef).sum()).backward()
+        out = (logp.detach(), entropy.detach(), hidden.grad.clone(), weight.grad.clone())
+        hidden.grad = weight.grad = None
+        return out, counter.get_total_flops()
+
+    (whole, whole_flops), (masked, masked_flops) = run(False), run(True)
+    rows_flops = 2 * 16 * 50 * 4  # a row's [16] x [16, 50]: forward, its recompute, two in backward
+    assert (whole_flops, masked_flops) == (21 * rows_flops, 8 * rows_flops)
+    for name, a, b in zip(("logp", "entropy"), whole, masked):
+        assert torch.allclose(a * coef, b, atol=1e-6) and not b[~mask].any(), name
+    for name, a, b in zip(("d hidden", "d weight"), whole[2:], masked[2:]):
+        assert (a - b).abs().max().item() <= 2e-6 * max(1.0, a.abs().max().item()), name
+
+
 def test_chunked_logprobs_keep_one_chunk_of_logits_for_backward() -> None:
     """The autograd graph saves each chunk's inputs, not its [chunk, vocab] logits."""
     hidden, weight, targets = _head_problem(torch.float32, shape=(2, 64, 8), vocab=4096)

@@ -185,6 +185,49 @@ def test_bfloat16_trains_float32_master_weights_so_a_step_at_lr_1e5_moves_every_
             dist.destroy_process_group()
 
 
+def _titan_or_skip():
+    pytest.importorskip("torchtitan")
+    from rollpacker.backends.titan.trainer import TitanTrainer, titan_import_error
+
+    if titan_import_error() is not None:
+        pytest.skip(titan_import_error())
+    return TitanTrainer
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("trainer_kind", "head_matmuls"), [("torch", 4), ("titan", 3)])
+def test_the_lm_head_runs_only_at_response_positions_with_the_same_gradients(tiny_dir, samples, trainer_kind,
+                                                                                head_matmuls) -> None:
+    """A prompt's positions never reach the LM head: against `response_logits_only=False` (the head
+    at every position), the same loss and gradients for exactly (positions - response tokens) x
+    the head's matmuls fewer FLOPs (torch's FLOP counter): forward and two in backward, and the
+    plain trainer's chunk recompute."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def run(response_logits_only: bool):
+        config = {"model_dir": tiny_dir, "lr": 3e-4, "max_grad_norm": None, "device": "cpu",
+                  "response_logits_only": response_logits_only}
+        trainer = (_titan_or_skip()(TitanConfig(**config)) if trainer_kind == "titan" else
+                   TorchTrainer(TorchTrainerConfig(**config)))
+        try:
+            counter = FlopCounterMode(display=False)
+            with counter:
+                loss = trainer.forward_backward(MicroBatch(tuple(samples))).loss_sum
+            return loss, trainer.gradients(), counter.get_total_flops()
+        finally:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    (loss, grads, flops), (whole_loss, whole_grads, whole_flops) = run(True), run(False)
+    positions = len(samples) * max(len(s.prompt_ids) + len(s.response_ids) - 1 for s in samples)
+    others = positions - sum(len(s.response_ids) for s in samples)
+    assert whole_flops - flops == others * head_matmuls * 2 * 64 * 320  # hidden 64, vocab 320
+    assert loss == pytest.approx(whole_loss, abs=1e-5 * max(1.0, abs(whole_loss)))
+    assert max_abs_diff(grads, whole_grads) <= GRAD_TOL
+
+
 @pytest.mark.timeout(60)
 def test_bad_batch_refused_before_backward(tiny_dir) -> None:
     trainer = make_trainer(tiny_dir)

@@ -34,7 +34,8 @@ micro-batch):
 - logits: `LOGITS_COPIES` float32 tensors of logits size for the positions computed at once (the
   logits, their log-softmax, its exp, the entropy's product, and in backward their gradients:
   measured 5.5-5.8 on CPU, tests/test_memory_plan.py): one chunk of `LOGITS_CHUNK_TOKENS` for the
-  torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.
+  torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.  Both run the LM head
+  at response positions only, fewer than T when prompts are long; the plan keeps T, a bound.
 - runtime (on the CPU, where the budget is the machine's RAM): what the process holds before any
   weights load (the interpreter, torch, transformers, TorchTitan, the tokenized dataset), measured
   when the plan is made (`resident_bytes`, about 0.46 GiB for `make train`), plus `RUNTIME_GROWTH`;

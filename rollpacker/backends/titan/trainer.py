@@ -18,12 +18,13 @@ The CPU/gloo workarounds are all in `titan.cpu` and applied only when the device
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from rollpacker.backends.titan import cpu as titan_cpu
 from rollpacker.backends.errors import InvalidMicroBatch
-from rollpacker.backends.trainer.loss import token_logprobs_and_entropy
+from rollpacker.backends.trainer.loss import at_positions, response_positions, token_logprobs_and_entropy
 from rollpacker.backends.trainer.policy import (PolicyTrainer, default_device, full_cpu, full_tensor,
                                                 init_process_group, select_device)
 from rollpacker.backends.titan.config import TitanConfig
@@ -191,10 +192,17 @@ class TitanTrainer(PolicyTrainer):
     def _logprobs(self, model, packed):
         from torch.distributed.tensor import DTensor
 
-        logits = model(packed.input_ids, attention_masks=self._attention_masks(model, packed.input_ids))
-        if isinstance(logits, DTensor):  # TP: vocab-sharded logits; the loss needs whole rows
-            logits = logits.full_tensor()
-        return token_logprobs_and_entropy(logits, packed.targets)
+        masks = self._attention_masks(model, packed.input_ids)
+        if self.config.tp > 1 or not self.config.response_logits_only:  # TP: the head's input is a DTensor
+            logits = model(packed.input_ids, attention_masks=masks)
+            if isinstance(logits, DTensor):  # TP: vocab-sharded logits; the loss needs whole rows
+                logits = logits.full_tensor()
+            return token_logprobs_and_entropy(logits, packed.targets)
+        index = response_positions(packed.mask)
+        with _head_rows(model.lm_head, index):  # [response positions, vocab] logits, not [B, L, vocab]
+            logits = model(packed.input_ids, attention_masks=masks)
+        logp, entropy = token_logprobs_and_entropy(logits, packed.targets.reshape(-1).index_select(0, index))
+        return at_positions(logp, index, packed.targets.shape), at_positions(entropy, index, packed.targets.shape)
 
     def _attention_masks(self, model, input_ids):
         if self.device_type == "cpu":
@@ -209,3 +217,19 @@ class TitanTrainer(PolicyTrainer):
 
     def _checkpoint_info(self) -> dict:
         return {"model_dir": self.config.model_dir, "dp_shard": self.parallel_dims.dp_shard, "tp": self.config.tp}
+
+
+@contextlib.contextmanager
+def _head_rows(head, index):
+    """While open, `head` (the model's LM head, called inside its forward) sees only the rows `index`
+    of its [B, L, H] input, flattened: its output is [len(index), vocab].  The hook wraps the call
+    inside the model's own forward, so FSDP2's gathers of the head happen as they always do."""
+    def select(module, args):
+        hidden = args[0]
+        return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, index), *args[1:])
+
+    handle = head.register_forward_pre_hook(select)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -54,6 +54,10 @@ class TrainerConfig:
     """Most padded tokens (rows x longest row, prompt included) in one forward: a micro-batch that
     pads to more runs as several forwards whose gradients add up (the loss is a sum); None: one
     forward per micro-batch.  The run sets it from its memory plan, which counts exactly this."""
+    response_logits_only: bool = field(default=True, validator=instance_of(bool))
+    """Run the LM head only at the positions that predict a response token, the only ones the loss
+    reads (a prompt's positions get log-prob 0); False: at every position, as before this existed
+    (kept to measure what it saves: benchmarks/response_logits.py)."""
     seed: int = field(default=0, validator=instance_of(int))
     """Seed of torch's RNG on every rank (the loss itself is deterministic: no dropout)."""
     device: str | None = None

@@ -23,6 +23,11 @@ before any collective or backward starts.
 whole: [tokens, vocab] float32 is 3.2 GB for 64 x 256 tokens of a 49k vocabulary.  Each chunk of
 positions is projected, reduced to two numbers per position, and recomputed in backward
 (torch.utils.checkpoint), so at most one chunk's logits are alive in either pass.
+
+Only the positions that predict a response token reach the LM head (`response_positions`): the loss
+reads no other, and a prompt's positions would otherwise cost their [vocab] logits, forward and
+backward (most of a micro-batch's positions when prompts are long and answers short).  Their
+log-probs and entropies are 0 (`at_positions`).
 """
 
 from __future__ import annotations
@@ -168,21 +173,39 @@ def token_logprobs_and_entropy(logits: Any, targets: Any) -> tuple[Any, Any]:
     return logp, entropy
 
 
-def chunked_token_logprobs_and_entropy(hidden: Any, weight: Any, targets: Any, *, chunk_tokens: int) -> tuple[Any, Any]:
+def response_positions(mask: Any) -> Any:
+    """The flat indices of a [B, L] mask's True positions (those that predict a response token)."""
+    return mask.reshape(-1).nonzero().squeeze(1)
+
+
+def at_positions(values: Any, index: Any, shape: Any) -> Any:
+    """A tensor of `shape` holding `values` at the flat `index` and 0 elsewhere (differentiable in
+    `values`): the inverse of selecting `index` from a flattened tensor."""
+    return values.new_zeros(shape.numel()).index_copy(0, index, values).view(shape)
+
+
+def chunked_token_logprobs_and_entropy(hidden: Any, weight: Any, targets: Any, *, chunk_tokens: int,
+                                       mask: Any = None) -> tuple[Any, Any]:
     """`token_logprobs_and_entropy(hidden @ weight.T, targets)` computed `chunk_tokens` positions at a
-    time.  hidden [B, L, H], weight [V, H] (the LM head), targets [B, L] -> two [B, L] float32."""
+    time.  hidden [B, L, H], weight [V, H] (the LM head), targets [B, L] -> two [B, L] float32.  With a
+    [B, L] bool `mask`, only its True positions are projected; the others are 0."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     rows, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    index = None if mask is None else response_positions(mask)
+    if index is not None:
+        rows, flat_targets = rows.index_select(0, index), flat_targets.index_select(0, index)
     parts = [
         checkpoint(_projected_logprobs, rows[i : i + chunk_tokens], weight, flat_targets[i : i + chunk_tokens], use_reentrant=False)
-        for i in range(0, rows.shape[0], chunk_tokens)
+        for i in range(0, max(rows.shape[0], 1), chunk_tokens)
     ]
-    logp, entropy = (torch.cat(p).view(targets.shape) for p in zip(*parts))
-    return logp, entropy
+    logp, entropy = (torch.cat(p) for p in zip(*parts))
+    if index is None:
+        return logp.view(targets.shape), entropy.view(targets.shape)
+    return at_positions(logp, index, targets.shape), at_positions(entropy, index, targets.shape)
 
 
 def _projected_logprobs(rows: Any, weight: Any, targets: Any) -> tuple[Any, Any]:

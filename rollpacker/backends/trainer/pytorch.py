@@ -64,10 +64,12 @@ class PolicyLogprobs(torch.nn.Module):
         self.hf = hf
         self.chunk_tokens = chunk_tokens
 
-    def forward(self, input_ids, targets):
+    def forward(self, input_ids, targets, mask=None):
+        """With a [B, L] bool `mask`, the LM head runs only at its True positions (0 elsewhere)."""
         hidden = self.hf.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
         head = self.hf.get_output_embeddings()
-        return chunked_token_logprobs_and_entropy(hidden, head.weight, targets, chunk_tokens=self.chunk_tokens)
+        return chunked_token_logprobs_and_entropy(hidden, head.weight, targets, chunk_tokens=self.chunk_tokens,
+                                                  mask=mask)
 
 
 class TorchTrainer(PolicyTrainer):
@@ -138,7 +140,7 @@ class TorchTrainer(PolicyTrainer):
         return {name.removeprefix(_PREFIX): full_cpu(p.grad) for name, p in named if p.grad is not None}
 
     def _logprobs(self, model, packed):
-        return model(packed.input_ids, packed.targets)
+        return model(packed.input_ids, packed.targets, packed.mask if self.config.response_logits_only else None)
 
     def _checkpoint_info(self) -> dict:
         return {"model_dir": self.config.model_dir, "world_size": self.dp_size}
