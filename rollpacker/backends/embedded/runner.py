@@ -257,7 +257,19 @@ class Runner:
     @torch.inference_mode()
     def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
         """Write `prompts` into slots `first_slot ..` from column 0; returns the logits of each
-        prompt's next token, `[rows, vocab]` float32."""
+        prompt's next token, `[rows, vocab]` float32.  A prompt met again in the same call (a group's
+        samples, admitted together) is computed once: its cache is copied to the other slots."""
+        distinct: dict[tuple[int, ...], int] = {}
+        which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        logits = self._prefill_distinct(first_slot, [list(p) for p in distinct])
+        # Distinct prompt k sits in slot first_slot + k, and which[i] <= i: copied from the last row
+        # down, a slot is overwritten only once no later copy reads it.
+        for i in reversed(range(len(prompts))):
+            if which[i] != i:
+                self.move(first_slot + which[i], first_slot + i, len(prompts[i]))
+        return logits[torch.tensor(which, device=logits.device)]
+
+    def _prefill_distinct(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
         longest = max(len(p) for p in prompts)
         self.reserve(longest)
         ids = torch.full((len(prompts), longest), self.pad_token_id, dtype=torch.long)
