@@ -10,7 +10,8 @@ Theory of operation
     `<= row_len[i] + t`.  A forward of T tokens per row writes its keys and values in place at
     columns `row_len[i] .. row_len[i] + T - 1` (prefill: a fresh slot from column 0), so no step
     copies the cache.  The engine keeps its live rows in slots `0 .. n-1`: new rows are prefilled
-    straight into the next free slots, and a row that leaves is replaced by the last row, whose
+    straight into the next free slots (a prompt met twice in one prefill, a group's samples, is
+    computed once and its slot copied), and a row that leaves is replaced by the last row, whose
     slot is copied (`move`: one row, not the cache).  A rejected speculative draft needs no undo:
     the row's length simply does not advance past the accepted tokens, and the next forward
     overwrites the stale columns.
@@ -256,14 +257,13 @@ class Runner:
 
     @torch.inference_mode()
     def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
-        """Write `prompts` into slots `first_slot ..` from column 0; returns the logits of each
-        prompt's next token, `[rows, vocab]` float32.  A prompt met again in the same call (a group's
-        samples, admitted together) is computed once: its cache is copied to the other slots."""
+        """Write `prompts` into slots `first_slot ..` from column 0; the logits of each prompt's next
+        token, `[rows, vocab]` float32.  Each distinct prompt is computed once, into slot first_slot + k
+        (k: its order of first appearance, so k <= i for row i), then copied to its other rows' slots
+        from the last row down, so a slot is overwritten only once no later copy reads it."""
         distinct: dict[tuple[int, ...], int] = {}
         which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         logits = self._prefill_distinct(first_slot, [list(p) for p in distinct])
-        # Distinct prompt k sits in slot first_slot + k, and which[i] <= i: copied from the last row
-        # down, a slot is overwritten only once no later copy reads it.
         for i in reversed(range(len(prompts))):
             if which[i] != i:
                 self.move(first_slot + which[i], first_slot + i, len(prompts[i]))
