@@ -296,35 +296,36 @@ def test_slot_cache_allocated_once_and_rows_move_without_changing_outputs(tiny):
 def test_a_prompt_met_again_in_one_prefill_is_computed_once_and_each_slot_decodes_as_if_alone(tiny):
     """A group's samples share their prompt and are admitted together: the prefill computes each
     distinct prompt once (torch's FLOP counter: the FLOPs of the distinct prompts alone) and copies
-    its cache to the other slots, so every row gets the logits and the greedy continuation it gets
-    prefilled by itself."""
+    its cache to the other slots, so at every step of a greedy continuation each row's logits are
+    those it gets prefilled by itself."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from rollpacker.backends.embedded.runner import Runner
 
     model, _ = tiny
     a, b = [5, 6, 7, 8, 9], [11, 12, 13]
-    prompts = [a, b, a, b, a]
+    prompts = [a, a, b, a, b]  # b is computed into slot 1, which row 1 (a) takes only once row 2 has it
 
     def greedy(prompts, steps=12):
+        """The prefill's FLOPs, and each row's logits at every step: the prefill's, then each decode's."""
         runner = Runner(model, 0, capacity=len(prompts))
         counter = FlopCounterMode(display=False)
         with counter:
-            logits = runner.prefill(0, prompts)
-        toks = [[int(t)] for t in logits.argmax(-1)]
+            logits = [runner.prefill(0, prompts)]
+        toks = [[int(t)] for t in logits[0].argmax(-1)]
         for _ in range(steps):
             lens = [len(p) + len(t) - 1 for p, t in zip(prompts, toks)]
-            out = runner.decode(torch.tensor([[t[-1]] for t in toks]), lens)[:, 0].argmax(-1)
-            for t, x in zip(toks, out.tolist()):
+            logits.append(runner.decode(torch.tensor([[t[-1]] for t in toks]), lens)[:, 0])
+            for t, x in zip(toks, logits[-1].argmax(-1).tolist()):
                 t.append(x)
-        return logits, toks, counter.get_total_flops()
+        return torch.stack(logits, 1), counter.get_total_flops()
 
-    logits, toks, flops = greedy(prompts)
-    (logits_a, (alone_a,), _), (logits_b, (alone_b,), _) = greedy([a]), greedy([b])
-    assert flops == greedy([a, b])[2]  # the two distinct prompts, not five
-    assert toks == [alone_a, alone_b, alone_a, alone_b, alone_a]
-    for row, alone in zip(logits, [logits_a, logits_b, logits_a, logits_b, logits_a]):
-        assert torch.allclose(row, alone[0], atol=1e-5)
+    rows, flops = greedy(prompts)
+    (alone_a,), _ = greedy([a])
+    (alone_b,), _ = greedy([b])
+    assert flops == greedy([a, b])[1]  # the two distinct prompts, not five
+    for row, alone in zip(rows, [alone_a, alone_a, alone_b, alone_a, alone_b]):
+        assert torch.allclose(row, alone, atol=1e-5)  # prefill and every decode step, as if alone
 
 
 def test_speculation_default_is_off_on_cpu_and_explicit_values_hold(tiny):
