@@ -37,13 +37,34 @@ def stuck_once_scorer(task, entry, response):
     return float(response[0] == GOOD)
 
 
-def run(hedge_after: float | None) -> tuple[dict, dict, float, object]:
+def slow_scorer(task, entry, response):
+    """Reward 1 for a GOOD response, after SLOW_S: every execution outlives hedge_after."""
+    time.sleep(SLOW_S)
+    return float(response[0] == GOOD)
+
+
+SLOW_S = 1.5
+
+
+class AnswersTogether(ProcessRewardExecutor):
+    """The real pool, whose poll hands over its answers only once every job in flight has answered:
+    they come in one poll, as they may when a loaded machine runs the driver late."""
+
+    def poll(self, timeout=None):
+        held = []
+        while self.num_in_flight:
+            held += super().poll(timeout=None)
+        return held + super().poll(timeout=0)
+
+
+def run(hedge_after: float | None, scorer=stuck_once_scorer,
+        executor=ProcessRewardExecutor) -> tuple[dict, dict, float, object]:
     calls: list = []
     engine = ScriptedEngine(calls)  # request k answers (GOOD if k is even else BAD, k, k)
     config = RewardConfig(workers=4, t_min=DEADLINE_S, t_max=DEADLINE_S, hedge_after=hedge_after)
     sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=8), num_prompts=4,
                       batcher=BatcherConfig(token_budget=1), rewards=config)
-    with ProcessRewardExecutor(4, scorer=stuck_once_scorer) as rewards:
+    with executor(4, scorer=scorer) as rewards:
         loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), Prompts())
         start = time.monotonic()
         record = loop.run_step()
@@ -64,6 +85,17 @@ def test_a_hung_scorer_is_hedged_on_a_free_worker_not_waited_out(tmp_path, monke
     # scoring may pass hedge_after too, and its cancelled copy's worker is replaced as well: 2 in one CI run)
     assert report.num_workers_replaced >= 1, "the hung copy was cancelled: its worker killed and replaced"
     assert elapsed < DEADLINE_S / 2, "the step did not wait for the hung execution's deadline"
+
+
+@pytest.mark.timeout(120)
+def test_answers_in_one_poll_do_not_hedge_the_samples_answered_beside_them():
+    """All four workers busy past hedge_after, so no hedge could start; the four answers then come in
+    one poll.  Fed the first, the core frees a worker and hedges a sample it has not yet been told
+    answered: that copy is not sent (its answer is in hand), and every sample keeps its own reward."""
+    by_k, record, _, report = run(hedge_after=1.0, scorer=slow_scorer, executor=AnswersTogether)
+    assert by_k == {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0}
+    assert record["reward_failures"] == 0 and report.num_timed_out == 0 and report.num_scored == 4
+    assert report.num_workers_replaced == 0, "no hedge ran, so none was cancelled"
 
 
 def test_a_cancelled_job_gives_no_outcome_and_its_worker_is_replaced(tmp_path, monkeypatch):
