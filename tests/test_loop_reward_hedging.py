@@ -47,8 +47,9 @@ SLOW_S = 1.5
 
 
 class AnswersTogether(ProcessRewardExecutor):
-    """The real pool, whose poll hands over its answers only once every job in flight has answered:
-    they come in one poll, as they may when a loaded machine runs the driver late."""
+    """The real pool, whose poll hands over its answers only once every job in flight has answered,
+    as a driver that runs late (a loaded machine) finds them: each answer comes in the poll that
+    also brings the engine's next finished request."""
 
     def poll(self, timeout=None):
         held = []
@@ -88,10 +89,11 @@ def test_a_hung_scorer_is_hedged_on_a_free_worker_not_waited_out(tmp_path, monke
 
 
 @pytest.mark.timeout(120)
-def test_answers_in_one_poll_do_not_hedge_the_samples_answered_beside_them():
-    """All four workers busy past hedge_after, so no hedge could start; the four answers then come in
-    one poll.  Fed the first, the core frees a worker and hedges a sample it has not yet been told
-    answered: that copy is not sent (its answer is in hand), and every sample keeps its own reward."""
+def test_an_answer_in_hand_is_not_hedged_while_the_core_is_fed_what_came_before_it():
+    """Each scoring outlives hedge_after (SLOW_S) while the poll holds it; its answer then comes in the
+    same poll as the engine's next finished request, which the core is fed first: it starts that
+    sample's scoring and, a worker being free, hedges the one it has not yet been told answered.  That
+    copy is not sent (its answer is in hand): every sample keeps its own reward, no copy is cancelled."""
     by_k, record, _, report = run(hedge_after=1.0, scorer=slow_scorer, executor=AnswersTogether)
     assert by_k == {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0}
     assert record["reward_failures"] == 0 and report.num_timed_out == 0 and report.num_scored == 4

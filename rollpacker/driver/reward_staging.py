@@ -51,8 +51,9 @@ class RewardStaging:
     def start(self, command: StartScoring) -> None:
         """Send the job to the executor with the core's timeout (its worker is killed past it; a hedge:
         the time left); the core expires it by its clock at `command.deadline`.  A hedge of a sample
-        whose answer is already in hand is not sent: several answers came in one poll, and the core,
-        fed the first of them, hedged another it has not been told of yet (its answer comes next)."""
+        whose answer is already in hand is not sent: its answer came in this poll, and the core, fed
+        an input of the same poll before it (a finished request, another answer, an expiry), freed or
+        filled a worker and hedged the sample it has not been told of yet (its answer comes next)."""
         if command.copy and command.request_id not in self._jobs:
             return
         if command.copy:
