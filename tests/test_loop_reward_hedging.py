@@ -37,13 +37,13 @@ def stuck_once_scorer(task, entry, response):
     return float(response[0] == GOOD)
 
 
+SLOW_S = 1.5
+
+
 def slow_scorer(task, entry, response):
     """Reward 1 for a GOOD response, after SLOW_S: every execution outlives hedge_after."""
     time.sleep(SLOW_S)
     return float(response[0] == GOOD)
-
-
-SLOW_S = 1.5
 
 
 class AnswersTogether(ProcessRewardExecutor):
