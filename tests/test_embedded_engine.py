@@ -217,6 +217,24 @@ def test_sampling_top_p_and_logprobs(tiny):
         assert len(r.logprobs) == len(r.token_ids) == 20 and all(lp <= 1e-6 for lp in r.logprobs)
 
 
+@pytest.mark.timeout(120)
+def test_ignore_eos_runs_a_request_past_the_engines_stop_token_to_its_length(tiny):
+    """The engine's stop tokens end a request unless it asks `ignore_eos`; its own stop_token_ids still do."""
+    model, tokenizer = tiny
+    p = prompt_ids(tokenizer, "Count.")
+    with EmbeddedEngine(model, capacity=4, stop_token_ids=()) as engine:
+        free, _ = run_all(engine, [Req("g", p, 24, temperature=0.0)])
+    stop = free["g"].token_ids[5]  # a token the greedy reply meets: taken as the engine's EOS below
+    end = free["g"].token_ids.index(stop) + 1
+    with EmbeddedEngine(model, capacity=4, stop_token_ids=(stop,)) as engine:
+        res, _ = run_all(engine, [Req("eos", p, 24, temperature=0.0),
+                                  Req("ignored", p, 24, temperature=0.0, ignore_eos=True),
+                                  Req("own", p, 24, temperature=0.0, ignore_eos=True, stop_token_ids=(stop,))])
+    assert res["eos"].token_ids == free["g"].token_ids[:end] and res["eos"].finish_reason == "stop"
+    assert res["ignored"].token_ids == free["g"].token_ids and res["ignored"].finish_reason == "length"
+    assert res["own"].token_ids == free["g"].token_ids[:end] and res["own"].finish_reason == "stop"
+
+
 @pytest.mark.timeout(60)
 def test_bad_input_fails_before_generation(tiny, tmp_path):
     model, tokenizer = tiny

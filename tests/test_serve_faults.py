@@ -1,5 +1,5 @@
 """The fault suite of `rollpacker serve` on 127.0.0.1, with a client that really disconnects: an
-abandoned request is aborted, ignore_eos honoured or refused, stop ids and strings and top_k honoured,
+abandoned request is aborted, ignore_eos honoured per server or per request, stop ids and strings and top_k honoured,
 a sampling param it would not honour refused naming it, a busy port one line before loading.  The
 trainer's faults are in test_faults.py."""
 
@@ -72,13 +72,20 @@ def test_serve_aborts_a_request_whose_client_disconnects(ignore_eos_server, stre
 
 
 @pytest.mark.timeout(200)
-def test_serve_honours_ignore_eos_or_refuses_it(ignore_eos_server, tmp_path_factory):
+def test_serve_honours_ignore_eos_per_request_or_per_server(ignore_eos_server, tmp_path_factory):
+    """--ignore-eos makes every request run to its length; without it, a request's own ignore_eos does (as
+    SGLang's sampling param; what it changes in the engine: test_embedded_engine), and a value that is not a
+    bool is a 400."""
     body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
     status, answer = _post(ignore_eos_server.urls[0] + "/generate", body)
     assert status == 200 and answer["meta_info"]["completion_tokens"] == 8
     with _server(tmp_path_factory, ["--capacity", "2"]) as plain:
-        status, answer = _post(plain.urls[0] + "/generate", body)
-    assert status == 400 and "--ignore-eos" in answer["error"]["message"]
+        url = plain.urls[0] + "/generate"
+        body["sampling_params"]["max_new_tokens"] = 200
+        status, forced = _post(url, body)
+        assert status == 200 and forced["meta_info"]["completion_tokens"] == 200, forced["meta_info"]
+        status, refused = _post(url, {"input_ids": [1, 2], "sampling_params": {"ignore_eos": "yes"}})
+    assert status == 400 and "ignore_eos" in refused["error"]["message"]
 
 
 def _generate(url: str, max_new_tokens: int = 24, **params) -> dict:

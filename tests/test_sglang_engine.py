@@ -155,6 +155,28 @@ def test_the_sampling_params_we_send_take_effect(engine, kind):
     assert stopped.finish_reason == "stop" and stopped.token_ids == greedy.token_ids[:1]
 
 
+@pytest.mark.timeout(120)
+def test_length_replay_stops_every_request_at_its_trace_length(engine):
+    """Through LengthReplay the server gets each request's trace length and ignore_eos (SGLang's sampling
+    params): a sample ends at exactly its length, reported "stop" below the cap and "length" at it."""
+    from rollpacker.backends.length_replay import LengthReplay
+    from rollpacker.sim.workloads import load_workload
+
+    cap = 40
+    workload = load_workload("servegen-r1", num_prompts=3, seed=5, max_tokens=cap, scale_from=4096)
+    expected = load_workload("servegen-r1", num_prompts=3, seed=5, max_tokens=cap, scale_from=4096)
+    replay = LengthReplay(engine, workload, max_tokens=cap)
+    requests = [GenerationRequest(f"rp{60 + i:012d}", (1, 2, 3 + i % 3), max_new_tokens=cap, temperature=1.0,
+                                  seed=i, group=f"p{i % 3}") for i in range(9)]
+    replay.submit(requests)
+    results, _ = collect(replay, len(requests), timeout_s=90)
+    targets = {r.request_id: expected.sample(int(r.group[1:]), 0) for r in requests}  # in submission order
+    for rid, result in results.items():
+        assert len(result.token_ids) == targets[rid], (rid, result.finish_reason)
+        assert result.finish_reason == ("length" if targets[rid] == cap else "stop")
+    assert len(set(targets.values())) > 2
+
+
 @pytest.mark.timeout(60)
 def test_two_servers_least_outstanding_dispatch(servers, model):
     with SGLangEngine(servers.urls, expected_model=model, stall_timeout_s=30) as eng:

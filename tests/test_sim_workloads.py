@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rollpacker.sim import WorkloadError, load_workload, parse_jsonl
 from rollpacker.sim.workloads import TRACES as BUILTIN
@@ -139,3 +141,29 @@ def test_synthetic_bimodal_has_hard_and_easy_prompts():
     assert 0.15 < np.mean(means > 4000) < 0.4   # the hard quarter (plus a few random long ones)
     assert np.median(means) < 2000
     assert max(w.sample(i, 0) for i in range(2000)) == 16384  # hard prompts reach the cap
+
+
+@given(order=st.permutations(list(range(6)) * 3), name=st.sampled_from((*BUILTIN, "synthetic-bimodal")))
+@settings(max_examples=25, deadline=None)
+def test_a_prompts_kth_sample_does_not_depend_on_the_other_prompts_launched(order, name):
+    """Each prompt draws from its own stream: any interleaving of launches gives every prompt the same
+    lengths in the same order (so every policy, and a real engine replaying it, sees the same samples)."""
+    def lengths(sequence):
+        w = load_workload(name, num_prompts=6, seed=3, max_tokens=4096)
+        drawn: dict[int, list[int]] = {}
+        for prompt in sequence:
+            drawn.setdefault(prompt, []).append(w.sample(prompt, 0))
+        return drawn
+
+    assert lengths(order) == lengths(sorted(order))
+
+
+def test_scale_from_maps_that_many_trace_tokens_to_max_tokens():
+    plain = load_workload("servegen-r1", num_prompts=3000, seed=4, max_tokens=None)
+    scaled = load_workload("servegen-r1", num_prompts=3000, seed=4, max_tokens=256, scale_from=8192)
+    a = np.array([plain.sample(i, 0) for i in range(3000)])
+    b = np.array([scaled.sample(i, 0) for i in range(3000)])
+    assert np.median(b) == pytest.approx(np.median(a) * 256 / 8192, abs=1)  # same draws, scaled
+    assert b.max() == 256 and (b == np.clip(np.maximum(np.rint(a * 256 / 8192), 1), 1, 256)).mean() > 0.97
+    with pytest.raises(WorkloadError, match="scale_from applies to the built-in traces"):
+        load_workload("synthetic-bimodal", num_prompts=3, seed=0, max_tokens=256, scale_from=100)

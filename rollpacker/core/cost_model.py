@@ -122,6 +122,12 @@ class CostModel:
         """One decode step of `batch` sequences holding `context` tokens in all."""
         return self.t0 + self.t1 * batch + self.t2 * context
 
+    @property
+    def prefill_batch_s(self) -> float:
+        """Fixed seconds of one admission's batched prefill: none here (a GPU's launches are in t1 per
+        token); an engine profile fitted to a real engine states its own."""
+        return 0.0
+
     def prefill_time(self, tokens: float, cached: float = 0.0) -> float:
         """Prefill of `tokens` new tokens after `cached` ones (GEMMs plus attention)."""
         if tokens <= 0:

@@ -67,6 +67,9 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     """Strings that end the request with "stop" once the response text holds one (the engine needs
     a tokenizer to see text)."""
+    ignore_eos: bool = False
+    """The engine's own stop tokens (EOS) do not end this request (SGLang's sampling param of that
+    name): it runs to `max_new_tokens` unless `stop_token_ids` or `stop` end it."""
 
 
 @frozen

@@ -118,6 +118,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--between", type=float, default=0.9, help="share of log-length variance between prompts")
     p.add_argument("--growth", type=float, default=0.0, help="relative growth of lengths per step")
     p.add_argument("--dataset-prompts", type=int, default=None, help="prompts in the dataset (default 16 x P)")
+    p.add_argument("--scale-from", type=int, default=None, metavar="N",
+                   help="built-in traces: N trace tokens map to --max-tokens (lengths scaled before the cap)")
+    p.add_argument("--engine-profile", type=Path, default=None, metavar="FILE",
+                   help="a fitted engine profile (JSON, `rollpacker calibrate`): the instances are that engine "
+                        "(with --tp 1) instead of --model's GPU cost model")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a constant, e.g. --set train.mfu=0.4 --set engine.mem_fraction=0.5")
     p.add_argument("--spec", action="store_true",
@@ -178,10 +183,13 @@ def config_from(args: argparse.Namespace) -> SimConfig:
     config = SimConfig(workload=args.workload, policy=args.policy, knobs=knobs, prompts=args.prompts,
                        samples=args.samples, max_tokens=args.max_tokens, steps=args.steps, epochs=args.epochs, seed=args.seed,
                        instances=args.instances, tp=args.tp, tp_mode=args.tp_mode, model=args.model,
-                       dataset_prompts=args.dataset_prompts, between=args.between, growth=args.growth)
+                       dataset_prompts=args.dataset_prompts, between=args.between, growth=args.growth,
+                       scale_from=args.scale_from,
+                       engine_profile=None if args.engine_profile is None else str(args.engine_profile))
     if args.plot_step is not None and args.epochs is None and not 0 <= args.plot_step < args.steps:
         raise ConfigError(f"--plot-step {args.plot_step} is outside 0..{args.steps - 1}")
     config.build_policy()  # knob values are checked here, before any work
+    config.load_profile()
     return config
 
 

@@ -47,6 +47,23 @@ class SimConfig:
     """Relative growth of lengths per step (built-in workloads)."""
     bubble_capacity: int | None = field(default=None, validator=optional(_positive))
     """Q of the bubble ratio (default prompts x samples: SortedRL's engine batch)."""
+    scale_from: int | None = field(default=None, validator=optional(_positive))
+    """Built-in traces: this many trace tokens map to max_tokens (lengths scaled by max_tokens / N before
+    the cap); None: the trace's own lengths, cut at max_tokens."""
+    engine_profile: str | None = None
+    """A fitted engine profile (JSON, `sim/engine_profile.py`): instances are that engine (TP 1) instead of
+    the GPU cost model of `model`."""
+
+    def load_profile(self):
+        """The engine profile (None without one); TP must then be fixed at 1."""
+        if self.engine_profile is None:
+            return None
+        from .engine_profile import ProfileError, load_profile
+
+        if self.tp != 1 or self.tp_mode != "fixed":
+            raise ProfileError(f"--engine-profile {self.engine_profile}: a profile is one engine at its own "
+                               f"parallelism: --tp 1 --tp-mode fixed (got --tp {self.tp} --tp-mode {self.tp_mode})")
+        return load_profile(self.engine_profile)
 
     @property
     def gpus(self) -> int:

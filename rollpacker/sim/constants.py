@@ -148,6 +148,9 @@ class TrainConstants:
     """Assumption: model FLOPs utilisation of FSDP training on H100 (typical 30-45%)."""
     micro_batch_overhead_s: float = field(default=0.05, validator=non_negative_number)
     """Assumption: launch, gather and synchronisation cost per micro-batch."""
+    seconds_per_token: float = field(default=0.0, validator=non_negative_number)
+    """When > 0, a trained token's measured seconds (an engine profile's trainer), in place of the
+    FLOPs model above."""
     optimizer_s: float = field(default=1.0, validator=non_negative_number)
     """Assumption: optimizer step plus weight sync to the rollout engines."""
     stream: bool = True

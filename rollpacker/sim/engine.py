@@ -199,6 +199,7 @@ class Instance:
             kv += need
         self.peak_running = max(self.peak_running, len(self.running))
         if prefill > 0:
+            prefill += self.cost.prefill_batch_s
             self._log(self.time, self.time + prefill, "prefill")
             self.busy_s += prefill
             self.time += prefill

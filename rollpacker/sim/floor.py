@@ -48,3 +48,10 @@ def engine_floor(model: ModelShape, hardware: Hardware, gpus: int, mem_fraction:
     spec = attrs.evolve(spec, enabled=True)
     alone = min((c.t0 + c.t1) * spec.best_slowdown(c) for c in costs)
     return Floor(peak, alone)
+
+
+def profile_floor(profile, instances: int) -> Floor:
+    """The floor of `instances` engines of a fitted profile (`engine_profile.EngineProfile`): its peak at
+    `max_running` rows, and one request alone at t0 + t1 a token (one TP, no speculation)."""
+    cost = profile.cost()
+    return Floor(instances * cost.peak_tokens_per_s(profile.max_running), cost.t0 + cost.t1)

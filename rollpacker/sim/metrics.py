@@ -100,7 +100,8 @@ class StepMeter:
         b_max = max(self.peak_running, 1)
         # lower_bound_*: the round's own work at its own TP and peak batch (not a floor: it moves with
         # the policy's configuration); floor_*: the policy-independent floor of floor.py.
-        spec = sim.constants.spec.slowdown(cost, 1)  # speculation's best case (1.0 when off)
+        spec = sim.constants.spec  # its best case (one row, the best measured sibling share); 1.0 when off
+        spec = spec.best_slowdown(cost) if spec.enabled else 1.0
         work_lb = self.report.generated_tokens * (cost.t1 + cost.t0 / b_max) / n * spec
         path_lb = self.longest * (cost.t0 + cost.t1) * spec
         floor_work, floor_path = sim.floor.bound(*self.kept_new_tokens())

@@ -42,41 +42,49 @@ from rollpacker.driver import DeadlinePassed, Driver, HedgeDue, Input, NoticeObs
 from .config import SimConfig
 from .constants import MODELS, SimConstants
 from .engine import Instance, SimRequest, redispatch
-from .floor import engine_floor
+from .floor import engine_floor, profile_floor
 from .metrics import StepMeter, epoch_step_cap, epoch_totals, totals
 from .siblings import SiblingTexts
 from .stages import RewardModel, TrainModel
-from .workloads import MAX_PROMPT_TOKENS, load_workload
+from .workloads import MAX_PROMPT_TOKENS, Workload, load_workload
 
 WAKE, SCORED, DEADLINE, HEDGE = 0, 1, 2, 3
 
 
 class Simulation(NoticeObserver):
     def __init__(self, config: SimConfig, constants: SimConstants | None = None,
-                 record_timeline: bool = False) -> None:
+                 record_timeline: bool = False, workload: Workload | None = None,
+                 batcher: BatcherConfig | None = None) -> None:
+        """`workload` (default: the config's, loaded) and `batcher` (default: the core's defaults) let a
+        caller simulate exactly what a real run replayed (benchmarks/sim_vs_real.py)."""
         self.config = config
         self.constants = c = constants or SimConstants()
         self.model = MODELS[config.model]
-        check_tp(self.model, c.hardware, config.gpus, config.tp, name="--tp")
+        self.profile = config.load_profile()
+        if self.profile is None:
+            check_tp(self.model, c.hardware, config.gpus, config.tp, name="--tp")
         self.policy = config.build_policy()
         dataset = config.dataset_prompts or 16 * config.prompts
-        self.workload = load_workload(config.workload, num_prompts=dataset, seed=config.seed,
-                                      max_tokens=config.max_tokens, between=config.between, growth=config.growth)
+        self.workload = workload or load_workload(
+            config.workload, num_prompts=dataset, seed=config.seed, max_tokens=config.max_tokens,
+            between=config.between, growth=config.growth, scale_from=config.scale_from)
         dataset = max(dataset, self.workload.num_prompts) if config.dataset_prompts is None else dataset
         self.workload.num_prompts = min(self.workload.num_prompts, dataset)
         self.max_context = MAX_PROMPT_TOKENS + config.max_tokens
-        self.tp_rule = TpRule(mode=config.tp_mode, tp=config.tp, model=self.model, hardware=c.hardware, gpus=config.gpus,
-                              mem_fraction=c.engine.mem_fraction, max_context=self.max_context,
-                              prompt_tokens=tuple(self.workload.prompt_tokens(i) for i in range(self.workload.num_prompts)),
-                              unseen_length=self.workload.mean_length())
+        self.tp_rule = None if self.profile else TpRule(
+            mode=config.tp_mode, tp=config.tp, model=self.model, hardware=c.hardware, gpus=config.gpus,
+            mem_fraction=c.engine.mem_fraction, max_context=self.max_context,
+            prompt_tokens=tuple(self.workload.prompt_tokens(i) for i in range(self.workload.num_prompts)),
+            unseen_length=self.workload.mean_length())
         self.sched = Scheduler(self.policy, num_prompts=self.workload.num_prompts, seed=config.seed,
-                               batcher=BatcherConfig(),
+                               batcher=batcher or BatcherConfig(),
                                rewards=c.reward.scheduler_config(),
                                tp=self.tp_rule, epochs=config.epochs)
         self.reward_model = RewardModel(c.reward, config.seed)
         self.train_model = TrainModel(c.train, self.model, config.gpus, c.train.peak_flops)
-        self.floor = engine_floor(self.model, c.hardware, config.gpus, c.engine.mem_fraction, self.max_context,
-                                  c.engine.max_running, c.spec)
+        self.max_running = self.profile.max_running if self.profile else c.engine.max_running
+        self.floor = profile_floor(self.profile, config.instances) if self.profile else engine_floor(
+            self.model, c.hardware, config.gpus, c.engine.mem_fraction, self.max_context, c.engine.max_running, c.spec)
         self.record_timeline = record_timeline
         self._build_instances(config.tp)
         self.clock = VirtualClock()
@@ -110,8 +118,9 @@ class Simulation(NoticeObserver):
 
     def _build_instances(self, tp: int) -> None:
         e = self.constants.engine
-        cost = CostModel(model=self.model, hardware=self.constants.hardware, tp=tp, mem_fraction=e.mem_fraction)
-        if cost.kv_capacity <= self.max_context:
+        cost = self.profile.cost() if self.profile else CostModel(
+            model=self.model, hardware=self.constants.hardware, tp=tp, mem_fraction=e.mem_fraction)
+        if self.profile is None and cost.kv_capacity <= self.max_context:
             raise ConfigError(
                 f"{self.model.name} at TP{tp} leaves a KV pool of {max(cost.kv_capacity, 0)} tokens per "
                 f"instance, less than one request ({self.max_context} tokens of prompt + --max-tokens); "
@@ -119,7 +128,7 @@ class Simulation(NoticeObserver):
             )
         self.tp = tp
         self.cost = cost
-        self.instances = [Instance(i, cost, e.max_running, e.admit_watermark, spec=self.constants.spec)
+        self.instances = [Instance(i, cost, self.max_running, e.admit_watermark, spec=self.constants.spec)
                           for i in range(self.config.gpus // tp)]
 
     # -- the loop ---------------------------------------------------------------------------------

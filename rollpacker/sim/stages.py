@@ -40,7 +40,8 @@ class TrainModel:
 
     def __init__(self, constants: TrainConstants, model: ModelShape, gpus: int, flops: float) -> None:
         self.c = constants
-        self.per_token = constants.flops_per_token_factor * model.params / (gpus * flops * constants.mfu)
+        self.per_token = constants.seconds_per_token or (
+            constants.flops_per_token_factor * model.params / (gpus * flops * constants.mfu))
 
     def micro_batch_s(self, tokens: int) -> float:
         return self.c.micro_batch_overhead_s + tokens * self.per_token

@@ -7,10 +7,15 @@ LLM inference trace 2023, CC-BY-4.0).  They give one length distribution and no 
 lengths are drawn through a Gaussian copula that keeps the marginal exactly:
 
     z = sqrt(rho) * a_prompt + sqrt(1 - rho) * e_sample,   a, e ~ N(0, 1) (seeded)
-    length = Q(Phi(z)) * (1 + growth) ** step,  truncated at max_tokens
+    length = Q(Phi(z)) * scale * (1 + growth) ** step,  truncated at max_tokens
 
 Q is the trace's quantile function.  rho (`between`, default 0.9) is the share of the variance of
-(normal-scored) log length that lies between prompts, as in public multi-sample data.  A prompt's effect is fixed for the run; every launch draws new noise.
+(normal-scored) log length that lies between prompts, as in public multi-sample data.  A prompt's effect is
+fixed for the run; every launch draws new noise from the prompt's own seeded stream, so the k-th sample of
+a prompt has the same length whatever other prompts were launched before it: every policy, and a real
+engine replaying the workload (`rollpacker.backends.length_replay`), sees the same lengths.
+`scale_from` = N maps N trace tokens to max_tokens (scale = max_tokens / N: the trace's shape at a shorter
+cap, e.g. servegen-r1's 8k setting replayed at 256 tokens); None keeps the trace's tokens (scale 1).
 
 Synthetic (`synthetic-bimodal`, no data file): a length structure unlike servegen's smooth
 long tail.  A prompt is hard with probability `HARD_SHARE`; a hard prompt's samples are log-normal
@@ -73,17 +78,42 @@ class Marginal:
         return float(np.sum(np.diff(self.levels) * (self.values[1:] + self.values[:-1]) / 2))
 
 
+class PromptStreams:
+    """One seeded random stream per prompt: a prompt's k-th draw depends on (seed, salt, prompt, k) only."""
+
+    def __init__(self, seed: int, salt: int) -> None:
+        self.seed, self.salt = seed, salt
+        self._streams: dict[int, np.random.Generator] = {}
+
+    def __call__(self, prompt_index: int) -> np.random.Generator:
+        stream = self._streams.get(prompt_index)
+        if stream is None:
+            stream = self._streams[prompt_index] = np.random.default_rng([self.seed, self.salt, prompt_index])
+        return stream
+
+
 class Workload:
-    """Lengths of samples: `sample(prompt_index, step)` -> total response tokens (>= 1)."""
+    """Lengths of samples: `sample(prompt_index, step)` -> total response tokens (>= 1): the prompt's next
+    sample, from its own stream (see the module doc)."""
 
     name: str
     num_prompts: int
+    prompts: np.ndarray | None = None
+    """Prompt tokens by prompt index, where the workload draws them."""
 
     def sample(self, prompt_index: int, step: int) -> int:
         raise NotImplementedError
 
     def prompt_tokens(self, prompt_index: int) -> int:
-        raise NotImplementedError
+        return int(self.prompts[prompt_index])
+
+    def set_prompt_tokens(self, tokens) -> None:
+        """Use these prompt lengths (a real dataset's, as a replay on a real engine tokenized them)."""
+        tokens = np.asarray(tokens, dtype=int)
+        if len(tokens) < self.num_prompts or (tokens < 1).any():
+            raise WorkloadError(f"{self.name}: {len(tokens)} prompt lengths for {self.num_prompts} prompts "
+                                f"(each must be >= 1)")
+        self.prompts = tokens
 
     def mean_length(self) -> float:
         raise NotImplementedError
@@ -93,36 +123,37 @@ class TraceWorkload(Workload):
     """`between` and `growth` are a SimConfig's (its fields check their ranges)."""
 
     def __init__(self, name: str, output: Marginal, input: Marginal, *, num_prompts: int, seed: int,
-                 between: float = 0.9, growth: float = 0.0, max_tokens: int | None = None) -> None:
+                 between: float = 0.9, growth: float = 0.0, max_tokens: int | None = None,
+                 scale_from: int | None = None) -> None:
         self.name, self.output, self.num_prompts = name, output, num_prompts
         self.between, self.growth, self.max_tokens = between, growth, max_tokens
+        self.scale = length_scale(max_tokens, scale_from)
         rng = np.random.default_rng([seed, 17])
         self.effect = rng.standard_normal(num_prompts)
         u_in = rng.random(num_prompts)
         self.prompts = np.clip(np.rint(input.quantile(u_in)), 1, MAX_PROMPT_TOKENS).astype(int)
-        self.rng = np.random.default_rng([seed, 23])
-        self._noise = self.rng.standard_normal(4096)
-        self._next = 0
+        self.noise = PromptStreams(seed, 23)
         self._a, self._e = math.sqrt(between), math.sqrt(1.0 - between)
 
-    def _draw(self) -> float:
-        if self._next == len(self._noise):
-            self._noise, self._next = self.rng.standard_normal(4096), 0
-        self._next += 1
-        return float(self._noise[self._next - 1])
-
     def sample(self, prompt_index: int, step: int) -> int:
-        z = self._a * self.effect[prompt_index] + self._e * self._draw()
+        z = self._a * self.effect[prompt_index] + self._e * float(self.noise(prompt_index).standard_normal())
         u = 0.5 * math.erfc(-z / math.sqrt(2.0))
-        length = float(self.output.quantile(u)) * (1.0 + self.growth) ** step
+        length = float(self.output.quantile(u)) * self.scale * (1.0 + self.growth) ** step
         length = max(1, int(round(length)))
         return min(length, self.max_tokens) if self.max_tokens else length
 
-    def prompt_tokens(self, prompt_index: int) -> int:
-        return int(self.prompts[prompt_index])
-
     def mean_length(self) -> float:
-        return self.output.mean
+        return self.output.mean * self.scale
+
+
+def length_scale(max_tokens: int | None, scale_from: int | None) -> float:
+    """max_tokens / scale_from (1.0 without scale_from); scaling needs max_tokens."""
+    if scale_from is None:
+        return 1.0
+    if not max_tokens or scale_from < 1:
+        raise WorkloadError(f"scale_from {scale_from}: needs max_tokens and a value >= 1 (trace tokens that map to "
+                            f"max_tokens)")
+    return max_tokens / scale_from
 
 
 class BimodalWorkload(Workload):
@@ -135,17 +166,15 @@ class BimodalWorkload(Workload):
         self.hard = rng.random(num_prompts) < HARD_SHARE
         self.effect = rng.normal(0.0, 0.3, num_prompts)
         self.prompts = np.clip(np.rint(rng.lognormal(math.log(300), 0.6, num_prompts)), 1, MAX_PROMPT_TOKENS).astype(int)
-        self.rng = np.random.default_rng([seed, 37])
+        self.noise = PromptStreams(seed, 37)
 
     def sample(self, prompt_index: int, step: int) -> int:
-        hard = self.hard[prompt_index] or self.rng.random() < RANDOM_LONG
+        rng = self.noise(prompt_index)
+        hard = self.hard[prompt_index] or rng.random() < RANDOM_LONG
         median = self.max_tokens * (0.5 if hard else 0.04)
-        length = math.exp(math.log(median) + self.effect[prompt_index] + self.rng.normal(0.0, 0.5))
+        length = math.exp(math.log(median) + self.effect[prompt_index] + rng.normal(0.0, 0.5))
         length = max(1, int(round(length * (1.0 + self.growth) ** step)))
         return min(length, self.max_tokens)
-
-    def prompt_tokens(self, prompt_index: int) -> int:
-        return int(self.prompts[prompt_index])
 
     def mean_length(self) -> float:
         hard = HARD_SHARE + (1 - HARD_SHARE) * RANDOM_LONG
@@ -162,7 +191,8 @@ class JsonlWorkload(Workload):
             raise WorkloadError(f"{path}: {len(self.ids)} prompts, fewer than the {self.num_prompts} asked for")
         rng = np.random.default_rng([seed, 29])
         self.cursor = [int(rng.integers(len(ls))) for ls in self.lengths]
-        self.max_tokens, self._prompt_tokens = max_tokens, prompt_tokens
+        self.max_tokens = max_tokens
+        self.prompts = np.full(len(self.ids), prompt_tokens, dtype=int)
 
     def sample(self, prompt_index: int, step: int) -> int:
         lengths = self.lengths[prompt_index]
@@ -170,9 +200,6 @@ class JsonlWorkload(Workload):
         self.cursor[prompt_index] = (k + 1) % len(lengths)
         length = max(1, lengths[k])
         return min(length, self.max_tokens) if self.max_tokens else length
-
-    def prompt_tokens(self, prompt_index: int) -> int:
-        return self._prompt_tokens
 
     def mean_length(self) -> float:
         return float(np.mean([x for ls in self.lengths for x in ls]))
@@ -265,14 +292,17 @@ def load_marginals(name: str) -> tuple[Marginal, Marginal]:
 
 
 def load_workload(spec: str, *, num_prompts: int, seed: int, max_tokens: int | None = None,
-                  between: float = 0.9, growth: float = 0.0) -> Workload:
-    """A built-in name or a JSONL path."""
+                  between: float = 0.9, growth: float = 0.0, scale_from: int | None = None) -> Workload:
+    """A built-in name or a JSONL path; `scale_from` (built-in traces only) maps that many trace tokens
+    to max_tokens."""
+    if scale_from is not None and spec not in TRACES:
+        raise WorkloadError(f"scale_from applies to the built-in traces ({', '.join(TRACES)}), not to {spec!r}")
     if spec in SYNTHETIC:
         return BimodalWorkload(num_prompts=num_prompts, seed=seed, max_tokens=max_tokens, growth=growth)
     if spec in TRACES:
         output, inp = load_marginals(spec)
         return TraceWorkload(spec, output, inp, num_prompts=num_prompts, seed=seed, between=between,
-                             growth=growth, max_tokens=max_tokens)
+                             growth=growth, max_tokens=max_tokens, scale_from=scale_from)
     workload = JsonlWorkload(Path(spec), seed=seed, num_prompts=None, max_tokens=max_tokens)
     return workload
 

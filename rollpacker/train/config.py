@@ -34,6 +34,7 @@ from rollpacker.core.reward_scheduler import RewardConfig
 from rollpacker.plugins import load_plugins
 from rollpacker.train.algorithm import BatchingOptions, LossOptions, SamplingOptions
 from rollpacker.train.registry import ROLLOUTS, TRAINERS, options_of, values_of
+from rollpacker.train.replay import ReplayOptions
 from rollpacker.train.rewards import RewardsConfig
 from rollpacker.train.rollouts import EmbeddedRollout, SGLangRollout
 from rollpacker.train.trainers import TitanTrainerOptions
@@ -208,7 +209,7 @@ class RunConfig:
                               "trainer and a server) on one GPU; use --weight-sync disk:DIR")
         self.rollout_options()  # each component's options, checked by flag
         self.rewards_options()
-        for component in (SamplingOptions, BatchingOptions, LossOptions):
+        for component in (SamplingOptions, BatchingOptions, LossOptions, ReplayOptions):
             self.options(component)
         self._check_sampling_and_times()
         self.device = resolve_device(self.device)
@@ -302,11 +303,12 @@ class RunConfig:
 
 
 FLAT = tuple(cls for registry in (ROLLOUTS, TRAINERS) for cls in registry.values() if getattr(cls, "flat", False))
-FLAT += (SamplingOptions, RewardsConfig, BatchingOptions, LossOptions)
+FLAT += (SamplingOptions, RewardsConfig, BatchingOptions, LossOptions, ReplayOptions)
 """The built-in components whose options are top-level flags: each field of theirs (name, type, default,
 validator, help) is declared there only, and is a field of RunConfig."""
 FLAT_AFTER = {SGLangRollout: "rollout", EmbeddedRollout: "colocate", SamplingOptions: "colocate",
-              RewardsConfig: "colocate", BatchingOptions: "lr", LossOptions: "lr", TitanTrainerOptions: "nproc"}
+              RewardsConfig: "colocate", BatchingOptions: "lr", LossOptions: "lr", TitanTrainerOptions: "nproc",
+              ReplayOptions: "colocate"}
 """Where --help lists a flat component's flags: after this flag of the run (elsewhere: at the end)."""
 
 

@@ -22,6 +22,7 @@ from rollpacker.train.algorithm import SamplingOptions
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.ranks import LeaderTrainer, follow
+from rollpacker.train.replay import ReplayOptions
 from rollpacker.train.registry import BuildContext
 
 
@@ -139,6 +140,9 @@ class Session:
         try:
             on_phase(f"starting the rollout engine ({config.rollout})")
             self.engine = config.rollout_options().build(context)  # e.g. a server that does not answer
+            self.engine = config.options(ReplayOptions).wrap(
+                self.engine, num_prompts=len(self.prompts), seed=config.seed, max_tokens=config.max_tokens,
+                prompt_tokens=[len(self.prompts.prompt_ids(i)) for i in range(len(self.prompts))])
             workers = config.reward_workers + config.reward_burst_workers
             on_phase(f"starting {workers} reward worker{'s' * (workers != 1)}")
             self.rewards = rewards.build()

@@ -155,7 +155,8 @@ class RunningBatch:
         row.tokens.append(token)
         row.logprobs.append(logprob)
         n = row.num_generated
-        if token in self._stop_token_ids or token in row.request.stop_token_ids or self._stop_string(row):
+        eos = token in self._stop_token_ids and not row.request.ignore_eos
+        if eos or token in row.request.stop_token_ids or self._stop_string(row):
             self._finish(row, "stop", now)
         elif n >= row.max_new:
             self._finish(row, "length", now)

@@ -8,7 +8,7 @@ Request (one sample per request, never `n > 1`: SGLang would replace our rids):
 
     {"rid": "rp000000000042", "input_ids": [...], "stream": true, "return_logprob": true,
      "sampling_params": {"max_new_tokens": 256, "temperature": 1.0, "top_p": 1.0,
-                         "sampling_seed": 7}}      (+ top_k, stop_token_ids, stop when set)
+                         "sampling_seed": 7}}      (+ top_k, stop_token_ids, stop, ignore_eos when set)
 
 Streamed response: server-sent events `data: {json}\\n\\n`, ending with `data: [DONE]\\n\\n`.  Each
 chunk is `{"output_ids": [...], "meta_info": {...}}` (plus "text" when the server detokenizes).
@@ -57,6 +57,8 @@ def generate_body(request: GenerationRequest, *, stream: bool = True) -> dict[st
         sampling["stop_token_ids"] = list(request.stop_token_ids)
     if request.stop:
         sampling["stop"] = list(request.stop)
+    if request.ignore_eos:
+        sampling["ignore_eos"] = True
     return {
         "rid": request.request_id,
         "input_ids": list(request.prompt_ids) + list(request.resume_ids),

@@ -23,16 +23,15 @@ OFF_VALUES = {
     "spaces_between_special_tokens": True,
 }
 """SGLang's other sampling params: accepted only at the value that turns them off (or null)."""
-HINTS = {"n": ": send one request per sample with its own rid",
-         "ignore_eos": ": it is a server setting here, start rollpacker serve --ignore-eos"}
+HINTS = {"n": ": send one request per sample with its own rid"}
 
 
-def check_params(params: dict, ignore_eos: bool) -> None:
+def check_params(params: dict) -> None:
     """Refuse (400, naming the field) any sampling param this server would not honour."""
     for name, value in params.items():
         if name == "ignore_eos":
-            if value and not ignore_eos:
-                raise BadRequest(f"sampling_params.ignore_eos{HINTS[name]}")
+            if not isinstance(value, bool):
+                raise BadRequest(f"sampling_params.ignore_eos must be true or false, got {value!r}")
         elif name in OFF_VALUES:
             off = OFF_VALUES[name]
             if not (value is None or value == off or (off is None and not value)):
@@ -58,7 +57,7 @@ def stop_params(params: dict) -> tuple[tuple[str, ...], tuple[int, ...], int | N
     return tuple(stop), tuple(ids), None if top_k in (None, -1) else top_k
 
 
-def request_from_body(body: Any, *, ignore_eos: bool = False) -> tuple[GenerationRequest, dict]:
+def request_from_body(body: Any) -> tuple[GenerationRequest, dict]:
     """A /generate body -> (one GenerationRequest, its sampling params); anything unsupported is a
     `BadRequest` naming the field."""
     if not isinstance(body, dict):
@@ -76,7 +75,7 @@ def request_from_body(body: Any, *, ignore_eos: bool = False) -> tuple[Generatio
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise BadRequest("sampling_params must be an object")
-    check_params(params, ignore_eos)
+    check_params(params)
     stop, stop_ids, top_k = stop_params(params)
     try:
         gen = GenerationRequest(
@@ -86,7 +85,7 @@ def request_from_body(body: Any, *, ignore_eos: bool = False) -> tuple[Generatio
             temperature=float(params.get("temperature", 1.0)),
             top_p=float(params.get("top_p", 1.0)),
             seed=None if params.get("sampling_seed") is None else int(params["sampling_seed"]),
-            top_k=top_k, stop_token_ids=stop_ids, stop=stop,
+            top_k=top_k, stop_token_ids=stop_ids, stop=stop, ignore_eos=params.get("ignore_eos", False),
         )
     except (TypeError, ValueError) as exc:
         raise BadRequest(f"bad sampling_params: {exc}") from None

@@ -48,7 +48,8 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 
 class EngineServer(WeightEndpoints):
     """The aiohttp application over one engine.  `model_path` is what /get_model_info reports;
-    `ignore_eos` says whether the engine was built to never stop on EOS (a per-server setting here);
+    `ignore_eos` says whether the engine was built to never stop on EOS (`rollpacker serve --ignore-eos`;
+    a request's own `sampling_params.ignore_eos` does the same for that request);
     `tokenizer` (optional) decodes each response into `text` and lets requests use `stop` strings."""
 
     def __init__(self, engine: RolloutEngine, model_path: str, *, weight_version: int = 0,
@@ -163,7 +164,7 @@ class EngineServer(WeightEndpoints):
             return error_reply(f"the engine failed: {self._failure!r}", 503)
         try:
             body = await request.json()
-            gen, params = request_from_body(body, ignore_eos=self.ignore_eos)
+            gen, params = request_from_body(body)
             if gen.stop and self.tokenizer is None:
                 raise BadRequest(f"sampling_params.stop needs a tokenizer: {self.model_path} has none")
             if gen.request_id in self._waiters:

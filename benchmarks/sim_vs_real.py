@@ -1,0 +1,398 @@
+"""The simulator against real engines: a length trace replayed through a real engine under each policy,
+beside the simulator's prediction of the same workload with the engine's fitted profile.
+
+    .venv/bin/python benchmarks/sim_vs_real.py --quick             # <= 4 min: tiny model, embedded, sync and tail
+    .venv/bin/python benchmarks/sim_vs_real.py --model tiny --policies sync,tail,sorted --seeds 0,1,2
+    .venv/bin/python benchmarks/sim_vs_real.py --model default --max-tokens 64 --capacity 32
+    .venv/bin/python benchmarks/sim_vs_real.py --engine sglang --model tiny       # two real SGLang servers
+    ... --write-results        # also the RESULTS.md section "Simulator against real engines"
+
+Four parts, all on this machine, one after another (nothing else should run beside them):
+
+1. **Calibrate** (`rollpacker.backends.calibration`): time the engine on a grid of (rows, prompt tokens,
+   new tokens) and abort a few running requests; fit the simulator's instance latency model to it
+   (`rollpacker.sim.engine_profile`): the engine profile, written to `--out`/profile.json.
+2. **Fit the other stages** on the fit workload (`--fit-workload`, default azure-conv): a short sync
+   run of the reference trainer replaying it, whose step records give the trainer's seconds per token
+   and per micro-batch, the optimizer step plus weight sync, and the scorer's latency.
+3. **Measure**: for each policy and seed, the reference trainer's real path (`Session`: the core, the
+   live driver, the real engine decoding real tokens, real reward workers, the real trainer, weights
+   synced each step) with `--replay-lengths` on the check workload (`--workload`, default servegen-r1):
+   each response stops at the length the trace gives its (prompt, sample).  Training is colocated
+   (`--colocate`: it runs after the round, so it does not take the engine's cores mid-round).
+4. **Predict**: `rollpacker simulate`'s Simulation of the same workload (the same lengths per (prompt,
+   sample), the dataset's own prompt lengths), seed, policy, sizes and micro-batches, on instances of
+   the fitted profile, the stages from part 2.
+
+Step 0 is a warm-up on both sides (the reward pool's first answers, first allocations) and is left out
+of every figure.  Per round: rollout seconds, the round's longest request, bubble, wasted tokens,
+measured beside predicted; per policy: mean step and rollout seconds; per seed: the sync/policy
+ratio.  The last line reads `sim vs real: sync/tail measured X predicted Y (error Z%)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+from results_md import write_section  # noqa: E402
+
+from rollpacker.core import BatcherConfig  # noqa: E402
+from rollpacker.sim.config import SimConfig  # noqa: E402
+from rollpacker.sim.constants import SimConstants  # noqa: E402
+from rollpacker.sim.engine_profile import EngineProfile, fit_profile, load_profile  # noqa: E402
+from rollpacker.sim.simulation import Simulation  # noqa: E402
+
+SECTION = "Simulator against real engines"
+QUICK = dict(model="tiny", engine="embedded", policies="sync,tail", seeds="0", steps=6, prompts=8, samples=8,
+             max_tokens=128, capacity=64, fit_steps=3, grid="quick")
+GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), repeats=2),
+         "full": dict(rows=(1, 4, 16, 32, 64), prompts=(32, 256), news=(16, 64, 192), repeats=3)}
+
+
+# -- the engine and its profile --------------------------------------------------------------------
+
+def model_dir(name: str) -> str:
+    from rollpacker.backends.models import default_model_dir, tiny_random_llama
+
+    return str(tiny_random_llama() if name == "tiny" else default_model_dir() if name == "default" else Path(name))
+
+
+def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
+    """Part 1: the engine's profile (an existing --profile is read instead)."""
+    if args.profile:
+        return load_profile(args.profile)
+    from rollpacker.backends.calibration import Calibration
+    from rollpacker.backends.models import load_model
+
+    model, _ = load_model(model_dir(args.model))
+    engine, capacity = calibration_engine(args, model, urls)
+    grid = GRIDS[args.grid]
+    print(f"calibrating {args.engine} ({args.model}): {len(grid['rows']) * len(grid['prompts']) * len(grid['news'])} "
+          f"cells x {grid['repeats']}", flush=True)
+    try:
+        cal = Calibration(engine, vocab_size=model.config.vocab_size, seed=0)
+        runs = cal.grid(grid["rows"], grid["prompts"], grid["news"], grid["repeats"])
+        abort_s = cal.abort_s(new=args.max_tokens * 8)
+    finally:
+        engine.close()
+    profile = fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
+                          date=time.strftime("%Y-%m-%d"), max_running=capacity, kv_capacity=capacity * 8192,
+                          abort_s=abort_s)
+    profile.save(out / "profile.json")
+    print(f"profile: {profile_line(profile)}", flush=True)
+    return profile
+
+
+def calibration_engine(args, model, urls):
+    """(one engine instance as the runs use it, its running-request limit)."""
+    if args.engine == "sglang":
+        from rollpacker.backends.sglang.client import SGLangEngine
+
+        return SGLangEngine(urls[:1], model_config_dir=model_dir(args.model)), args.capacity // len(urls)
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
+
+    return EmbeddedEngine(model, capacity=args.capacity), args.capacity
+
+
+def engine_name(args) -> str:
+    return "SGLang 0.5.23 (CPU, torch_native, float32)" if args.engine == "sglang" else "embedded (CPU, float32)"
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores"
+
+
+def profile_line(p: EngineProfile) -> str:
+    return (f"t0 {p.t0 * 1e3:.2f} ms, t1 {p.t1 * 1e3:.3f} ms/row, t2 {p.t2 * 1e6:.3f} us/context token, "
+            f"prefill {p.prefill_t1 * 1e6:.1f} us/token + {p.prefill_batch_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms; "
+            f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")
+
+
+# -- real runs --------------------------------------------------------------------------------------
+
+def run_flags(args, policy: str, seed: int, workload: str, steps: int, out: Path, urls) -> list[str]:
+    flags = ["--model", model_dir(args.model), "--trainer", "torch", "--policy", policy, "--seed", str(seed),
+             "--steps", str(steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
+             "--max-tokens", str(args.max_tokens), "--dataset-size", str(dataset_size(args)),
+             "--engine-capacity", str(args.capacity), "--colocate", "--reward-workers", "1",
+             "--replay-lengths", workload, "--replay-scale-from", str(args.scale_from), "--out", str(out)]
+    if urls:
+        flags += ["--rollout", "sglang", "--sglang-urls", *urls]
+    return flags
+
+
+def dataset_size(args) -> int:
+    return 8 * args.prompts
+
+
+def real_run(args, policy: str, seed: int, workload: str, steps: int, out: Path, urls) -> tuple[list[dict], int]:
+    """`steps` steps of the reference trainer's real path replaying `workload`; (step records, micro-batch tokens)."""
+    from rollpacker.train.config import parse
+    from rollpacker.train.outputs import RunDir
+    from rollpacker.train.session import Session
+
+    config = parse(run_flags(args, policy, seed, workload, steps, out, urls))
+    config.validate()
+    session = Session(config, RunDir(config.out))
+    records = []
+    try:
+        session.begin()
+        for _ in range(steps):
+            record = session.run_step()
+            session.run_dir.log_step(record)
+            records.append(record)
+            print(f"  real {policy} seed {seed} step {record['step']} {record['round']}: rollout "
+                  f"{record['rollout_s']:.2f} s, step {record['step_s']:.2f} s", flush=True)
+    finally:
+        session.close()
+    return records, config.micro_batch_tokens
+
+
+# -- the other stages, fitted -------------------------------------------------------------------------
+
+def stage_constants(records: list[dict]) -> dict:
+    """Part 2: the trainer's seconds per micro-batch and per trained token (least squares over steps),
+    the optimizer step plus weight sync, and the scorer's mean latency, from a run's step records
+    (step 0 left out)."""
+    import numpy as np
+
+    steps = records[1:]
+    rows = [[sum(1 for *_, what in r["train_spans"] if what.startswith("micro-batch")), r["kept_tokens"]] for r in steps]
+    train = [sum(b - a for a, b, what in r["train_spans"] if what.startswith("micro-batch")) for r in steps]
+    (per_batch, per_token), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(train), rcond=None)
+    optimizer = [sum(b - a for a, b, what in r["train_spans"] if not what.startswith("micro-batch")) + r["sync_s"]
+                 for r in steps]
+    return {"micro_batch_overhead_s": max(float(per_batch), 0.0), "seconds_per_token": max(float(per_token), 1e-9),
+            "optimizer_s": statistics.median(optimizer),
+            "reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in steps), 1e-4)}
+
+
+def sim_constants(stages: dict) -> SimConstants:
+    c = SimConstants()
+    return attrs.evolve(
+        c, train=attrs.evolve(c.train, stream=False, seconds_per_token=stages["seconds_per_token"],
+                              micro_batch_overhead_s=stages["micro_batch_overhead_s"], optimizer_s=stages["optimizer_s"]),
+        reward=attrs.evolve(c.reward, median_s=stages["reward_median_s"], sigma=0.0, hang_rate=0.0, burst_workers=0,
+                            workers=1, hedge_after=2.0, hedge_copies=1),
+        engine=attrs.evolve(c.engine, admit_watermark=0.0))
+
+
+# -- prediction -----------------------------------------------------------------------------------------
+
+def predict(args, profile_path: Path, policy: str, seed: int, workload: str, steps: int, stages: dict,
+            micro_batch_tokens: int, instances: int) -> list[dict]:
+    """Part 4: the simulator's steps of the same run."""
+    from rollpacker.train.replay import ReplayOptions
+
+    config = SimConfig(workload=workload, policy=policy, prompts=args.prompts, samples=args.samples,
+                       max_tokens=args.max_tokens, steps=steps, seed=seed, instances=instances,
+                       dataset_prompts=dataset_size(args), scale_from=args.scale_from,
+                       engine_profile=str(profile_path), bubble_capacity=args.capacity)
+    lengths = prompt_lengths(args, seed)
+    replay = ReplayOptions(replay_lengths=workload, replay_scale_from=args.scale_from)
+    sim = Simulation(config, sim_constants(stages), workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
+                     batcher=BatcherConfig(token_budget=micro_batch_tokens))
+    return sim.run()["steps"]
+
+
+_PROMPTS: dict = {}
+
+
+def prompt_lengths(args, seed: int) -> list[int]:
+    """The token lengths of the run's dataset prompts, as the reference trainer renders them."""
+    key = (args.model, seed, dataset_size(args))
+    if key not in _PROMPTS:
+        from rollpacker.train.config import parse
+        from rollpacker.train.session import load_prompts
+
+        config = parse(["--seed", str(seed), "--dataset-size", str(dataset_size(args)), "--max-tokens",
+                        str(args.max_tokens), "--prompts", str(args.prompts)])
+        prompts = load_prompts(config, Path(model_dir(args.model)))
+        _PROMPTS[key] = [len(prompts.prompt_ids(i)) for i in range(len(prompts))]
+    return _PROMPTS[key]
+
+
+# -- comparison -------------------------------------------------------------------------------------------
+
+def longest(record: dict) -> int:
+    return record["longest_request"] if "longest_request" in record else max((q[1] for q in record["requests"]), default=0)
+
+
+def round_rows(real: list[dict], sim: list[dict]) -> list[dict]:
+    """Per round (step 0 left out): measured and predicted rollout, longest request, bubble, wasted tokens."""
+    return [{"step": r["step"], "round": r["round"], "sim_round": s["round"], "rollout": (r["rollout_s"], s["rollout_s"]),
+             "step_s": (r["step_s"], s["step_s"]), "longest": (longest(r), longest(s)),
+             "bubble": (r["bubble_ratio"], s["bubble_ratio"]), "wasted": (r["wasted_tokens"], s["wasted_tokens"])}
+            for r, s in zip(real[1:], sim[1:])]
+
+
+def error(measured: float, predicted: float) -> float:
+    return predicted / measured - 1 if measured else 0.0
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def summarize(runs: dict) -> dict:
+    """Per (policy, seed): mean measured/predicted step and rollout, median per-round error; ratios to sync."""
+    out = {}
+    for (policy, seed), rows in runs.items():
+        out[policy, seed] = {
+            "step": (mean(r["step_s"][0] for r in rows), mean(r["step_s"][1] for r in rows)),
+            "rollout": (mean(r["rollout"][0] for r in rows), mean(r["rollout"][1] for r in rows)),
+            "round_error": statistics.median(abs(error(*r["rollout"])) for r in rows),
+            "kinds_agree": sum(r["round"] == r["sim_round"] for r in rows) / len(rows)}
+    for (policy, seed), s in out.items():
+        base = out.get(("sync", seed))
+        if base is not None:
+            s["ratio"] = tuple(base["step"][i] / s["step"][i] for i in (0, 1))
+            s["rollout_ratio"] = tuple(base["rollout"][i] / s["rollout"][i] for i in (0, 1))
+    return out
+
+
+# -- the report -------------------------------------------------------------------------------------------
+
+def report(result: dict) -> str:
+    a = argparse.Namespace(**result["args"])
+    runs = {(p, int(s)): rows for p, s, rows in result["runs"]}
+    summary = summarize(runs)
+    lines = [f"`benchmarks/sim_vs_real.py {result['command']}`; engine: {result['profile']['engine']}, model "
+             f"{a.model}; machine {result['machine']}; {result['date']}.  Check workload {a.workload} (fit: "
+             f"{a.fit_workload}), {a.scale_from} trace tokens -> {a.max_tokens}; P={a.prompts} R={a.samples}, engine "
+             f"capacity {a.capacity}, {a.steps} steps a run (step 0 a warm-up, left out), training colocated.",
+             "", f"Profile (fitted on the calibration grid): {profile_line(EngineProfile(**result['profile']))}.",
+             f"Other stages (fitted on a sync run of {a.fit_workload}): " + ", ".join(
+                 f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",
+             "| policy | seed | mean step s measured / predicted (error) | mean rollout s measured / predicted (error) | "
+             "per-round rollout median abs error | round kinds agree | sync/policy step measured / predicted (error) |",
+             "|---|---|---|---|---|---|---|"]
+    for (policy, seed), s in summary.items():
+        ratio = s.get("ratio")
+        ratio_text = f"{ratio[0]:.2f} / {ratio[1]:.2f} ({error(*ratio):+.1%})" if ratio and policy != "sync" else "-"
+        lines.append(f"| {policy} | {seed} | {s['step'][0]:.2f} / {s['step'][1]:.2f} ({error(*s['step']):+.1%}) | "
+                     f"{s['rollout'][0]:.2f} / {s['rollout'][1]:.2f} ({error(*s['rollout']):+.1%}) | "
+                     f"{s['round_error']:.1%} | {s['kinds_agree']:.0%} | {ratio_text} |")
+    lines += ["", "Per round (measured / predicted):", "",
+              "| policy | seed | step | round (real, sim) | rollout s | longest request | bubble | wasted tokens |",
+              "|---|---|---|---|---|---|---|---|"]
+    for (policy, seed), rows in runs.items():
+        for r in rows:
+            lines.append(f"| {policy} | {seed} | {r['step']} | {r['round']}, {r['sim_round']} | "
+                         f"{r['rollout'][0]:.2f} / {r['rollout'][1]:.2f} | {r['longest'][0]} / {r['longest'][1]} | "
+                         f"{r['bubble'][0]:.2f} / {r['bubble'][1]:.2f} | {r['wasted'][0]} / {r['wasted'][1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def headline(result: dict, policy: str = "tail") -> str:
+    runs = {(p, int(s)): rows for p, s, rows in result["runs"]}
+    ratios = [s["ratio"] for (p, _), s in summarize(runs).items() if p == policy and "ratio" in s]
+    measured = statistics.median(r[0] for r in ratios)
+    predicted = statistics.median(r[1] for r in ratios)
+    return f"sim vs real: sync/{policy} measured {measured:.2f} predicted {predicted:.2f} (error {error(measured, predicted):+.1%})"
+
+
+# -- main -------------------------------------------------------------------------------------------------
+
+def run(args) -> dict:
+    out = Path(args.out or tempfile.mkdtemp(prefix="rollpacker-sim-vs-real-"))
+    out.mkdir(parents=True, exist_ok=True)
+    urls, servers = start_servers(args, out)
+    try:
+        profile = calibrate(args, out, urls)
+        profile_path = out / "profile.json"
+        profile.save(profile_path)
+        fit_records, _ = real_run(args, "sync", 0, args.fit_workload, args.fit_steps, out / "fit", urls)
+        stages = stage_constants(fit_records)
+        print(f"stages: {stages}", flush=True)
+        runs = []
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            for policy in args.policies.split(","):
+                records, tokens = real_run(args, policy, seed, args.workload, args.steps, out / f"{policy}-{seed}", urls)
+                sim = predict(args, profile_path, policy, seed, args.workload, args.steps, stages, tokens,
+                              len(urls) if urls else 1)
+                runs.append((policy, seed, round_rows(records, sim)))
+    finally:
+        if servers is not None:
+            servers.__exit__(None, None, None)
+    result = {"args": vars(args), "command": " ".join(sys.argv[1:]), "machine": machine(),
+              "date": time.strftime("%Y-%m-%d"), "profile": profile.to_dict(), "stages": stages, "runs": runs}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def start_servers(args, out: Path):
+    """(their URLs, the server group) for --engine sglang: two real SGLang servers; (None, None) otherwise."""
+    if args.engine != "sglang":
+        return None, None
+    sys.path.insert(0, str(ROOT / "tests"))
+    from sglang_helpers import SGLANG_HINT, sglang_python
+
+    from rollpacker.backends.sglang.launch import launch_servers
+
+    python = sglang_python()
+    if python is None:
+        raise SystemExit(SGLANG_HINT)
+    extra = ("--max-total-tokens", str(16384), "--max-running-requests", str(args.capacity // 2))
+    group = launch_servers(model_dir(args.model), num_servers=2, kind="sglang", python=python, timeout_s=1200,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, extra_args=extra, log_dir=out / "servers")
+    group.__enter__()
+    return list(group.urls), group
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="<= 4 minutes: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
+    ap.add_argument("--engine", choices=("embedded", "sglang"), default="embedded")
+    ap.add_argument("--model", default="tiny", help="tiny (a random 2-layer Llama), default (SmolLM2-135M-Instruct) or a directory")
+    ap.add_argument("--workload", default="servegen-r1", help="the check workload (a built-in trace)")
+    ap.add_argument("--fit-workload", default="azure-conv", help="the workload of the run that fits the trainer's stages")
+    ap.add_argument("--policies", default="sync,tail,sorted")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=8, help="steps a run (step 0 is a warm-up, left out)")
+    ap.add_argument("--fit-steps", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--scale-from", type=int, default=8192, help="trace tokens that map to --max-tokens")
+    ap.add_argument("--capacity", type=int, default=64, help="engine rows (SGLang: over both servers)")
+    ap.add_argument("--grid", choices=tuple(GRIDS), default="full", help="calibration grid")
+    ap.add_argument("--profile", default=None, help="use this engine profile instead of calibrating")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--report", default=None, metavar="DIR", help="the tables again from DIR/result.json")
+    ap.add_argument("--write-results", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    result = json.loads((Path(args.report) / "result.json").read_text()) if args.report else run(args)
+    text = report(result)
+    print(text)
+    if args.write_results:
+        subsection = f"{result['profile']['engine']}, {result['args']['model']} model"
+        write_section(SECTION, text, subsection=subsection)
+    print(headline(result, next(p for p in result["args"]["policies"].split(",") if p != "sync")))
+
+
+if __name__ == "__main__":
+    main()

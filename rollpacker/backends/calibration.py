@@ -1,0 +1,90 @@
+"""Time a real rollout engine for the simulator's latency model (`rollpacker.sim.engine_profile`).
+
+    runs = time_grid(engine, vocab_size=V, rows=(1, 4, 16), prompts=(32, 256), news=(16, 64, 128))
+    profile = fit_profile(runs, engine="embedded", ..., max_running=engine.capacity, kv_capacity=...,
+                          abort_s=time_aborts(engine, vocab_size=V))
+
+Each run submits `rows` requests together, each with its own random prompt of `prompt` token ids (distinct,
+so no engine shares a prefill between them) and `ignore_eos`, generating exactly `new` tokens, and
+takes the seconds from the submission to the last result: prefill, then `new` decode steps of `rows`
+rows.  Works through the `RolloutEngine` protocol alone: the embedded engine, SGLang servers (one
+server: a profile is one instance), `rollpacker serve`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from rollpacker.core.protocols import GenerationRequest, GenerationResult, RolloutEngine
+from rollpacker.sim.engine_profile import Run
+
+POLL_S = 0.005
+
+
+class Calibration:
+    """Timed runs on one engine; `tick()` is called between runs (a progress bar)."""
+
+    def __init__(self, engine: RolloutEngine, *, vocab_size: int, seed: int = 0, timeout_s: float = 600.0,
+                 tick: Callable[[], None] = lambda: None) -> None:
+        self.engine = engine
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(seed)
+        self.timeout_s = timeout_s
+        self.tick = tick
+        self._count = itertools.count()
+
+    def _requests(self, rows: int, prompt: int, new: int) -> list[GenerationRequest]:
+        return [GenerationRequest(f"cal{next(self._count):010d}", tuple(int(t) for t in self.rng.integers(
+            10, self.vocab_size, prompt)), new, temperature=1.0, seed=int(self.rng.integers(1 << 30)),
+            ignore_eos=True) for _ in range(rows)]
+
+    def _wait(self, ids: set[str]) -> dict[str, GenerationResult]:
+        results: dict[str, GenerationResult] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(results) < len(ids):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"calibration: {len(ids) - len(results)} requests unanswered after "
+                                   f"{self.timeout_s:g} s")
+            for out in self.engine.poll(POLL_S):
+                if isinstance(out, GenerationResult) and out.request_id in ids:
+                    results[out.request_id] = out
+        return results
+
+    def run(self, rows: int, prompt: int, new: int) -> float:
+        """Seconds from submitting `rows` requests to the last result."""
+        requests = self._requests(rows, prompt, new)
+        start = time.monotonic()
+        self.engine.submit(requests)
+        results = self._wait({r.request_id for r in requests})
+        seconds = time.monotonic() - start
+        short = [r for r in results.values() if len(r.token_ids) != new]
+        if short:
+            raise RuntimeError(f"calibration: request {short[0].request_id} ended after {len(short[0].token_ids)} "
+                               f"tokens, not {new} ({short[0].finish_reason}): the engine did not honour ignore_eos")
+        self.tick()
+        return seconds
+
+    def grid(self, rows: Iterable[int], prompts: Iterable[int], news: Iterable[int], repeats: int = 2) -> list[Run]:
+        """One `Run` per (rows, prompt, new), its seconds the median of `repeats` runs (after one warm-up)."""
+        cells = list(itertools.product(rows, prompts, news))
+        self.run(*min(cells))  # warm-up: first-call costs (allocation, kernels) are no step's
+        return [Run(b, p, n, statistics.median(self.run(b, p, n) for _ in range(repeats))) for b, p, n in cells]
+
+    def abort_s(self, rows: int = 4, prompt: int = 32, new: int = 2048, after_s: float = 0.2, repeats: int = 3) -> float:
+        """Median seconds from aborting `rows` running requests to their last abort result."""
+        times = []
+        for _ in range(repeats):
+            requests = self._requests(rows, prompt, new)
+            self.engine.submit(requests)
+            time.sleep(after_s)
+            start = time.monotonic()
+            self.engine.abort([r.request_id for r in requests])
+            self._wait({r.request_id for r in requests})
+            times.append(time.monotonic() - start)
+            self.tick()
+        return statistics.median(times)

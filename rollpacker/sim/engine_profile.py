@@ -1,0 +1,174 @@
+"""An engine profile: the simulator's instance latency model fitted to an engine we ran, in a file.
+
+The simulator's instances cost a decode step `t0 + t1 * b + t2 * C` (b running requests, C tokens of
+context they hold) and a prefill `prefill_t1` a prompt token plus `prefill_batch_s` an admission (one
+batched forward); `rollpacker.core.cost_model.CostModel` derives those from a GPU's datasheet figures.
+A profile states them as measured instead:
+
+    {"engine": "embedded", "model": "tiny-random-llama", "machine": "x86_64, 2 cores", "date": "2026-11-27",
+     "t0": 0.004, "t1": 0.0002, "t2": 1e-08, "prefill_t1": 2e-05, "prefill_batch_s": 0.003,
+     "abort_s": 0.001, "max_running": 32, "kv_capacity": 1000000, "fit": {...}}
+
+`rollpacker simulate --engine-profile FILE` runs the simulation on instances of that engine (TP fixed at
+1, one instance per engine).  `fit_profile` makes one from timed runs (`Run`: b requests of p prompt
+tokens each generating n tokens, submitted together, `seconds` from submission to the last result):
+
+    seconds = prefill_batch_s + prefill_t1 * b * p + n * t0 + n * b * t1 + t2 * b * (n * p + n * (n - 1) / 2)
+
+linear in the five constants, so a least-squares fit (constants held >= 0) over a grid of (b, p, n);
+`rollpacker.backends.calibration` times such runs on any rollout engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import attrs
+import numpy as np
+from attrs import field, frozen
+
+from rollpacker.core.errors import ConfigError
+from rollpacker.core.validators import non_negative_number, positive
+
+TERMS = ("prefill_batch_s", "prefill_t1", "t0", "t1", "t2")
+"""The fitted constants, in the order of `Run.features`."""
+
+
+class ProfileError(ConfigError):
+    """An engine profile file that cannot be used; the message names the file and the field."""
+
+
+@frozen
+class Run:
+    """One timed calibration run: `rows` requests of `prompt` tokens, each generating `new` tokens."""
+
+    rows: int
+    prompt: int
+    new: int
+    seconds: float
+
+    def features(self) -> list[float]:
+        b, p, n = self.rows, self.prompt, self.new
+        return [1.0, b * p, n, n * b, b * (n * p + n * (n - 1) / 2)]
+
+
+@frozen(kw_only=True)
+class EngineProfile:
+    engine: str
+    model: str
+    machine: str
+    date: str
+    t0: float = field(validator=non_negative_number)
+    """Seconds of a decode step whatever its rows (launches, weights read, scheduling)."""
+    t1: float = field(validator=non_negative_number)
+    """Seconds a running request adds to a decode step."""
+    t2: float = field(validator=non_negative_number)
+    """Seconds a token of context adds to a decode step."""
+    prefill_t1: float = field(validator=non_negative_number)
+    """Seconds a prompt token adds to a prefill."""
+    prefill_batch_s: float = field(validator=non_negative_number)
+    """Seconds of one admission's prefill whatever its tokens."""
+    abort_s: float = field(default=0.0, validator=non_negative_number)
+    """Seconds from an abort to its result (measured; the simulator's aborts are instantaneous)."""
+    max_running: int = field(validator=positive)
+    """Requests the engine decodes at once."""
+    kv_capacity: int = field(validator=positive)
+    """Tokens of KV cache (beyond it the simulator preempts)."""
+    fit: dict = field(factory=dict)
+    """How the constants were found: runs, residuals."""
+
+    def cost(self) -> ProfileCost:
+        return ProfileCost(t0=self.t0, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
+                           prefill_batch_s=self.prefill_batch_s, kv_capacity=self.kv_capacity)
+
+    def predict(self, run: Run) -> float:
+        """A calibration run's seconds under this profile."""
+        return float(np.dot([getattr(self, t) for t in TERMS], run.features()))
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+@frozen(kw_only=True)
+class ProfileCost:
+    """A profile's constants behind `CostModel`'s interface (what `sim.engine.Instance` calls)."""
+
+    t0: float
+    t1: float
+    t2: float
+    prefill_t1: float
+    prefill_batch_s: float
+    kv_capacity: int
+    tp: int = 1
+
+    def step_time(self, batch: float, context: float) -> float:
+        return self.t0 + self.t1 * batch + self.t2 * context
+
+    def prefill_time(self, tokens: float, cached: float = 0.0) -> float:
+        return self.prefill_t1 * tokens if tokens > 0 else 0.0
+
+    def peak_tokens_per_s(self, batch: float) -> float:
+        return batch / (self.t0 + self.t1 * batch)
+
+
+def load_profile(path: str | Path) -> EngineProfile:
+    """Read a profile file; anything wrong is one `ProfileError` naming the file and the field."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"--engine-profile {path}: no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"--engine-profile {path}: not a JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"--engine-profile {path}: expected a JSON object of the profile's fields")
+    names = {f.name for f in attrs.fields(EngineProfile)}
+    missing = [f.name for f in attrs.fields(EngineProfile) if f.default is attrs.NOTHING and f.name not in data]
+    unknown = sorted(set(data) - names)
+    if missing or unknown:
+        what = f"missing {', '.join(missing)}" if missing else f"unknown field {unknown[0]!r}"
+        raise ProfileError(f"--engine-profile {path}: {what} (fields: {', '.join(sorted(names))})")
+    for name in TERMS + ("abort_s", "max_running", "kv_capacity"):
+        value = data.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
+    try:
+        return EngineProfile(**data)
+    except (TypeError, ValueError) as exc:
+        raise ProfileError(f"--engine-profile {path}: {exc}") from None
+
+
+def fit_constants(runs: list[Run]) -> dict[str, float]:
+    """Least squares of `Run.features` against the runs' seconds, every constant >= 0 (a term whose
+    unconstrained fit is negative is held at 0 and the rest refitted)."""
+    if len(runs) < len(TERMS):
+        raise ConfigError(f"fitting {len(TERMS)} constants needs at least {len(TERMS)} runs, got {len(runs)}")
+    x = np.array([r.features() for r in runs], dtype=float)
+    y = np.array([r.seconds for r in runs], dtype=float)
+    weights = 1.0 / y  # relative error: a short run counts as much as a long one
+    free = list(range(len(TERMS)))
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, free] * weights[:, None], y * weights, rcond=None)
+        if (coef >= 0).all():
+            break
+        free.pop(int(np.argmin(coef)))
+    values = dict.fromkeys(TERMS, 0.0)
+    values.update({TERMS[i]: float(c) for i, c in zip(free, coef)})
+    return values
+
+
+def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date: str, max_running: int,
+                kv_capacity: int, abort_s: float = 0.0) -> EngineProfile:
+    """The profile whose constants fit `runs`; `fit` records each run and the median relative error."""
+    values = fit_constants(runs)
+    profile = EngineProfile(engine=engine, model=model, machine=machine, date=date, abort_s=abort_s,
+                            max_running=max_running, kv_capacity=kv_capacity, **values)
+    errors = [profile.predict(r) / r.seconds - 1 for r in runs]
+    fit = {"runs": [[r.rows, r.prompt, r.new, round(r.seconds, 4)] for r in runs],
+           "median_abs_error": float(np.median(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
+    return attrs.evolve(profile, fit=fit)

@@ -1,0 +1,84 @@
+"""Engine profiles: a fit recovers the constants that made the timings, a profile round-trips through its
+file, a bad file is one error naming the file and the field, and the simulator's instances run on it."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+
+from rollpacker.sim.cli import main as simulate
+from rollpacker.sim.config import SimConfig
+from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_profile, load_profile
+from rollpacker.sim.simulation import Simulation
+
+TRUE = {"prefill_batch_s": 0.012, "prefill_t1": 9e-6, "t0": 0.0035, "t1": 0.0005, "t2": 2e-7}
+GRID = [(b, p, n) for b in (1, 4, 16, 64) for p in (32, 256) for n in (16, 128)]
+
+
+def timed(constants: dict) -> list[Run]:
+    runs = [Run(b, p, n, 1.0) for b, p, n in GRID]
+    return [attrs.evolve(r, seconds=sum(constants[t] * f for t, f in zip(TERMS, r.features()))) for r in runs]
+
+
+def profile(**constants):
+    return fit_profile(timed(constants or TRUE), engine="embedded", model="tiny", machine="test", date="2026-11-27",
+                       max_running=64, kv_capacity=10**6, abort_s=0.002)
+
+
+def test_a_fit_recovers_the_constants_and_round_trips_through_its_file(tmp_path):
+    fitted = profile()
+    for term, value in TRUE.items():
+        assert getattr(fitted, term) == pytest.approx(value, rel=1e-6)
+    assert fitted.fit["max_abs_error"] < 1e-9 and len(fitted.fit["runs"]) == len(GRID)
+    fitted.save(tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == fitted
+
+
+def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
+    fitted = profile(**{**TRUE, "t2": 0.0, "prefill_batch_s": 0.0})
+    assert fitted.t2 >= 0 and fitted.prefill_batch_s >= 0
+    assert fitted.t0 == pytest.approx(TRUE["t0"], rel=1e-3) and fitted.t1 == pytest.approx(TRUE["t1"], rel=1e-3)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d.pop("t1"), "missing t1"),
+    (lambda d: d.update(t3=1.0), "unknown field 't3'"),
+    (lambda d: d.update(t0=-1.0), "t0 must be a finite number >= 0"),
+    (lambda d: d.update(max_running="64"), "max_running must be a finite number"),
+    (lambda d: d.update(max_running=0), "max_running"),
+])
+def test_a_bad_profile_is_one_error_naming_the_file_and_the_field(tmp_path, change, message):
+    data = profile().to_dict()
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=message) as info:
+        load_profile(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_file_that_is_not_a_profile_is_one_line_from_simulate(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text("{not json")
+    assert simulate(["--engine-profile", str(path), "--no-progress"]) == 2
+    assert f"--engine-profile {path}: not a JSON file" in capsys.readouterr().err
+    profile().save(path)
+    assert simulate(["--engine-profile", str(path), "--tp", "2", "--no-progress"]) == 2
+    assert "--tp 1 --tp-mode fixed" in capsys.readouterr().err
+
+
+def test_a_lone_request_on_a_profile_takes_the_profiles_time(tmp_path):
+    """One prompt, one sample of n tokens after p prompt tokens, one instance: prefill, then n decode steps
+    of one row whose context grows by one a step (the fluid sum of the segment arithmetic)."""
+    fitted = profile()
+    fitted.save(tmp_path / "p.json")
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"prompt": "a", "lengths": [100]}) + "\n")
+    config = SimConfig(workload=str(workload), policy="sync", prompts=1, samples=1, max_tokens=512, steps=1,
+                       instances=1, engine_profile=str(tmp_path / "p.json"), dataset_prompts=1)
+    [step] = Simulation(config).run()["steps"]
+    p, n = 256, 100  # (a JSONL workload's prompts are 256 tokens)
+    decode = n * (fitted.t0 + fitted.t1 + fitted.t2 * p) + fitted.t2 * n * n / 2
+    assert step["rollout_s"] == pytest.approx(fitted.prefill_batch_s + fitted.prefill_t1 * p + decode, rel=1e-6)
