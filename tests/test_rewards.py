@@ -12,6 +12,7 @@ import time
 import pytest
 
 from rollpacker.backends.rewards.pool import FAILURE_KINDS, ProcessRewardExecutor
+from rollpacker.backends.rewards.worker import score_job
 from rollpacker.backends.data.tasks import UnknownTask, make_problems
 from rollpacker.backends.errors import BackendMisuse
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
@@ -145,3 +146,25 @@ def test_sys_exit_os_exit_and_none_are_failures_of_their_kind_with_a_reason():
     assert "deadline" in first["timeout"]
     assert report.num_workers_replaced == 2  # the one that os._exit ended, the one that hung
     assert not any("\n" in line for line in first.values())
+
+
+def returning(task, entry, response):
+    """A scorer that returns its entry, whatever it is."""
+    return entry
+
+
+@pytest.mark.parametrize("result", ["1.0", {"score": "0.5"}, True, {"score": False}, b"1"])
+def test_a_numeric_string_or_a_bool_is_a_bad_value_not_a_number(result):
+    """Only an int or a float (or a dict with one as "score") is a reward: `float()` would take "1.0"
+    and True, so they were rewards 1.0 though the README says anything else is a failure."""
+    status, kind, reward, metrics, error = score_job(returning, "t", result, "r")
+    assert (status, kind, reward, metrics) == ("error", "bad_value", 0.0, {})
+    assert error.startswith(f"the scorer returned {result!r}: ") and "not a number" in error
+    assert type(result if not isinstance(result, dict) else result["score"]).__name__ in error
+
+
+@pytest.mark.parametrize("result, reward", [(1, 1.0), (0.25, 0.25), ({"score": 1, "hit": True}, 1.0)])
+def test_an_int_or_a_float_is_a_reward(result, reward):
+    status, kind, got, metrics, error = score_job(returning, "t", result, "r")
+    assert (status, kind, got, error) == ("ok", "", reward, "")
+    assert metrics == ({"hit": 1.0} if isinstance(result, dict) else {})

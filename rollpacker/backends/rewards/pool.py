@@ -13,8 +13,8 @@ error of each kind (one line) in `first_errors`:
 
     raised       the scorer raised, SystemExit (sys.exit) included; the line names the exception
                  and the scorer's frame it came from
-    bad_value    it returned something that is not a finite number or a dict with a finite "score"
-                 (None, a string, NaN, inf)
+    bad_value    it returned something that is not a finite number (an int or a float) or a dict
+                 with such a "score": None, a string (even "1.0"), a bool, NaN, inf
     timeout      it ran past its deadline; the worker was killed
     worker_died  the worker process ended mid-job (os._exit, a crash in C code, the OOM killer); the
                  line gives its exit code or signal, and a new worker takes its place
