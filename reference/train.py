@@ -45,7 +45,7 @@ try:
     from rollpacker.train.launch import launch_local
     from rollpacker.train.nodes import start_ranks
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
-    from rollpacker.train.progress import Phases, StageBars, step_line
+    from rollpacker.train.progress import Phases, StageBars, epoch_line, step_line
     from rollpacker.train.ranks import on_rank0
     from rollpacker.train.registry import check_registered
     from rollpacker.train.session import Session, follower_main, init_distributed_env
@@ -201,6 +201,9 @@ def train(config: RunConfig, run_dir: RunDir, policy: str | None = None, resume:
         phase(f"policy {session.policy.name} on {session.device}: P={config.prompts} R={config.samples} "
               f"max_tokens={config.max_tokens}, {len(session.prompts)} prompts, model {session.model_dir}; step "
               f"{session.step} starts")
+        note = epoch_line(session.policy.name, config.prompts, config.steps, len(session.prompts))
+        if note:
+            print(note, flush=True)
         session.evaluate_if_due()  # --eval-every: the weights before the first step (or a resumed one's, if missed)
         while session.step < config.steps:
             bars.begin_step(session.step)

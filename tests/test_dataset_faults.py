@@ -54,3 +54,23 @@ def test_the_trainer_says_a_directory_is_one_before_any_model_loads(tmp_path, ti
                           capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip() == f"error: --dataset {tmp_path}: is a directory; give the .jsonl or .parquet file in it"
+
+
+def test_a_row_without_a_key_mid_file_is_one_line_naming_its_row_line_and_key(tmp_path):
+    """Row 0 without the answer was named; a later row was `cannot be read as json ('answer')`
+    (`datasets`' KeyError), with no row and the wrong cause.  A key outside the layout that other
+    rows hold is named too, with the way out."""
+    first, second = '{"q": "a", "answer": "1", "hint": "h"}', '{"q": "b", "answer": "2", "hint": null}'
+    cases = {
+        "answer": ([first, second, '{"q": "c", "hint": "h"}'], "key 'answer' (--answer-key) is missing"),
+        "hint": ([first, second, '{"q": "d", "answer": "4"}'], "key 'hint' is missing (other rows hold it: give "
+                                                               "it null here)"),
+    }
+    for name, (lines, what) in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(line + "\n" for line in lines))
+        config = parse(["--preset", "tiny_debug", "--trainer", "torch", "--device", "cpu", "--dataset", str(path),
+                        "--prompt-key", "q", "--answer-key", "answer"])
+        with pytest.raises(ConfigError) as caught:
+            config.validate()
+        assert str(caught.value) == f"--dataset {path} row 2 (line 3): {what}", name

@@ -54,6 +54,7 @@ def trained_keys(run_dir: Path) -> list:
         (["--lr", "nan"], "--lr"),
         (["--top-p", "2"], "--top-p"),
         (["--kl-coef", "-1"], "--kl-coef"),
+        (["--samples", "1"], "--samples must be >= 2, got 1 (advantages compare"),  # trained at loss 0, silently
         (["--max-tokens", "100000"], "--max-tokens 100000"),
         (["--reward-deadline-s", "0"], "--reward-deadline-s"),
         (["--rollout", "sglang", "--sglang-urls", "notaurl"], "--sglang-urls"),

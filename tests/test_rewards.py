@@ -12,6 +12,7 @@ import time
 import pytest
 
 from rollpacker.backends.rewards.pool import FAILURE_KINDS, ProcessRewardExecutor
+from rollpacker.backends.rewards.worker import score_job
 from rollpacker.backends.data.tasks import UnknownTask, make_problems
 from rollpacker.backends.errors import BackendMisuse
 from rollpacker.core.errors import ConfigError, SchedulerMisuse
@@ -32,6 +33,8 @@ def scorer_by_response(task, entry, response):
         os._exit(3)
     if response == "none":
         return None
+    if response.startswith("acc="):
+        return {"score": 1.0, "acc": float(response[4:])}
     return float(response)
 
 
@@ -145,3 +148,44 @@ def test_sys_exit_os_exit_and_none_are_failures_of_their_kind_with_a_reason():
     assert "deadline" in first["timeout"]
     assert report.num_workers_replaced == 2  # the one that os._exit ended, the one that hung
     assert not any("\n" in line for line in first.values())
+
+
+def returning(task, entry, response):
+    """A scorer that returns its entry, whatever it is."""
+    return entry
+
+
+@pytest.mark.parametrize("result", ["1.0", {"score": "0.5"}, True, {"score": False}, b"1"])
+def test_a_numeric_string_or_a_bool_is_a_bad_value_not_a_number(result):
+    """Only an int or a float (or a dict with one as "score") is a reward: `float()` would take "1.0"
+    and True, so they were rewards 1.0 though the README says anything else is a failure."""
+    status, kind, reward, metrics, error = score_job(returning, "t", result, "r")
+    assert (status, kind, reward, metrics) == ("error", "bad_value", 0.0, {})
+    assert error.startswith(f"the scorer returned {result!r}: ") and "not a number" in error
+    assert type(result if not isinstance(result, dict) else result["score"]).__name__ in error
+
+
+@pytest.mark.parametrize("result, reward", [(1, 1.0), (0.25, 0.25), ({"score": 1, "hit": True}, 1.0)])
+def test_an_int_or_a_float_is_a_reward(result, reward):
+    status, kind, got, metrics, error = score_job(returning, "t", result, "r")
+    assert (status, kind, got, error) == ("ok", "", reward, "")
+    assert metrics == ({"hit": 1.0} if isinstance(result, dict) else {})
+
+
+@pytest.mark.timeout(60)
+def test_a_nan_metric_is_counted_and_named_once_not_dropped(capsys):
+    """A NaN metric was left out of the step's mean with no word: a metric all NaN was missing from
+    metrics.jsonl.  Now it is counted (`reward_num_nonfinite_metrics`) and its first NaN is one line."""
+    with ProcessRewardExecutor(num_workers=1, scorer=scorer_by_response) as ex:
+        for i, response in enumerate(("acc=nan", "acc=0.5", "acc=inf")):
+            ex.submit(RewardJob(f"r{i}", "t", None, response, 30.0))
+        out = collect(ex, 3)
+        report = ex.step_report()
+        ex.submit(RewardJob("later", "t", None, "acc=nan", 30.0))
+        collect(ex, 1)
+        later = ex.step_report()
+    assert all(o.status == "ok" and o.reward == 1.0 for o in out.values()), "a NaN metric is no reward failure"
+    assert report.metrics == {"acc": 0.5} and report.nonfinite_metrics == {"acc": 2}
+    assert report.num_nonfinite_metrics == 2 and later.num_nonfinite_metrics == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "'acc' (2x)" in lines[0] and "reward_num_nonfinite_metrics" in lines[0], lines

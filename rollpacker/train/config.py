@@ -75,7 +75,7 @@ class RunConfig:
     prompts: int = 4
     """P: prompts trained per step."""
     samples: int = 4
-    """R: responses per prompt (the GRPO group)."""
+    """R: responses per prompt (the GRPO group; at least 2: advantages compare them)."""
     max_tokens: int = 160
     """Most new tokens of one response."""
     seed: int = 0
@@ -191,9 +191,11 @@ class RunConfig:
 
     def validate(self) -> None:
         """Check what can be checked before any model is loaded (names the flag)."""
-        for flag in ("steps", "prompts", "samples", "max_tokens", "dataset_size", "nproc"):
-            if getattr(self, flag) < 1:
-                raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(self, flag)}")
+        for flag, least in {"steps": 1, "prompts": 1, "samples": 2, "max_tokens": 1, "dataset_size": 1,
+                            "nproc": 1}.items():
+            if getattr(self, flag) < least:
+                raise ConfigError(f"--{flag.replace('_', '-')} must be >= {least}, got {getattr(self, flag)}" + (
+                    " (advantages compare a prompt's samples: with one, every loss is 0)" if flag == "samples" else ""))
         if self.eval_every < 0 or self.eval_prompts < 1 or self.eval_samples < 0:
             raise ConfigError(f"--eval-every and --eval-samples must be >= 0 and --eval-prompts >= 1, got "
                               f"{self.eval_every}, {self.eval_samples} and {self.eval_prompts}")

@@ -67,3 +67,19 @@ def step_line(r: dict) -> str:
         f"bubble {r['bubble_ratio']:.2f} | reward {r['mean_reward']:.3f}{f' ({failed} failed)' if failed else ''} | "
         f"kept {r['kept_tokens']} / wasted {r['wasted_tokens']} tokens"
     )
+
+
+def epoch_line(policy: str, prompts: int, steps: int, num_rows: int) -> str | None:
+    """A note, at the start, when a step can train a row twice: once from each of two epochs.
+
+    Each epoch visits the rows in a new order, so a step whose prompts span an epoch's end (its last
+    rows, then the next epoch's first) can hold one row from both.  That happens once the run goes
+    past one epoch and a step's draws need not end on an epoch's last row: sync draws P prompts a
+    step, so when the rows are not a multiple of P; the other policies draw ahead of training and
+    defer, so whatever the count (measured with the core on its test harness)."""
+    if steps * prompts <= num_rows or (policy == "sync" and num_rows % prompts == 0):
+        return None
+    why = f"{num_rows} rows are not a multiple of P={prompts}" if policy == "sync" else \
+        f"policy {policy} draws prompts ahead of training and defers some, whatever the number of rows"
+    return (f"note: {steps} steps of P={prompts} prompts go past one epoch of {num_rows} rows, so a step whose "
+            f"prompts span two epochs can train a row twice, once from each ({why})")

@@ -8,7 +8,8 @@
                       unless the row has a data_source column
 
 Rows count from 0, as `datasets` indexes them.  A missing key, an empty prompt, an empty file or a
-line that is not JSON is a `DatasetError` naming the file, the row and the key; nothing is dropped.
+line that is not JSON is a `DatasetError` naming the file, the row (and a JSONL file's line) and the
+key; nothing is dropped.
 """
 
 from __future__ import annotations
@@ -41,25 +42,33 @@ class Layout:
     def name(self) -> str:
         return "verl" if self.prompt_key is None else "plain"
 
+    @property
+    def needed(self) -> tuple[str, ...]:
+        """The top-level keys every row must hold."""
+        return ("prompt", "data_source", "reward_model") if self.prompt_key is None else \
+            (self.prompt_key, self.answer_key)
+
+    def key_name(self, key: str) -> str:
+        """`key` quoted, with the flag that named it: 'answer' (--answer-key)."""
+        flag = {self.prompt_key: " (--prompt-key)", self.answer_key: " (--answer-key)"}.get(key, "")
+        return f"{key!r}{flag}"
+
 
 def read_rows(path: str | Path, layout: Layout = Layout()) -> list[PromptRow]:
     """Every row of `path` as a PromptRow (errors name the file, row and key)."""
     path = Path(path)
-    table = _load(path)
+    table = _load(path, layout)
     if len(table) == 0:
         raise DatasetError(f"--dataset {path}: the file holds no rows")
-    needed = ("prompt", "data_source", "reward_model") if layout.prompt_key is None else \
-        (layout.prompt_key, layout.answer_key)
-    for key in needed:
+    for key in layout.needed:
         if key not in table.column_names:
-            flag = {layout.prompt_key: " (--prompt-key)", layout.answer_key: " (--answer-key)"}.get(key, "")
-            raise DatasetError(f"--dataset {path} row 0: key {key!r}{flag} is missing; columns: "
+            raise DatasetError(f"--dataset {path} row 0: key {layout.key_name(key)} is missing; columns: "
                                f"{', '.join(table.column_names)}" + _layout_hint(layout))
     to_row = _verl_row if layout.prompt_key is None else _plain_row
     return [to_row(record, f"{path} row {i}", path, layout) for i, record in enumerate(table)]
 
 
-def _load(path: Path):
+def _load(path: Path, layout: Layout):
     """The file as a `datasets.Dataset` (kept in memory; its cache goes to rollpacker's folder)."""
     if path.is_dir():
         raise DatasetError(f"--dataset {path}: is a directory; give the .jsonl or .parquet file in it")
@@ -85,7 +94,7 @@ def _load(path: Path):
         return datasets.load_dataset(kind, data_files=str(path), split="train", keep_in_memory=True,
                                      cache_dir=str(cache_dir() / "datasets"))
     except Exception as exc:  # noqa: BLE001 - pyarrow's errors name no row: find it ourselves
-        raise DatasetError(_read_failure(path, kind, exc)) from None
+        raise DatasetError(_read_failure(path, kind, exc, layout)) from None
 
 
 def _parquet_rows(path: Path) -> int:
@@ -99,20 +108,37 @@ def _parquet_rows(path: Path) -> int:
         raise DatasetError(_read_failure(path, "parquet", exc)) from None
 
 
-def _read_failure(path: Path, kind: str, exc: Exception) -> str:
-    if kind == "json":
-        if not path.read_text(errors="replace").strip():
-            return f"--dataset {path}: the file holds no rows (only blank lines)"
-        for number, line in enumerate(path.read_text(errors="replace").splitlines()):
-            if not line.strip():
-                continue
-            try:
-                if not isinstance(json.loads(line), dict):
-                    return f"--dataset {path} line {number + 1}: not a JSON object"
-            except json.JSONDecodeError as bad:
-                return f"--dataset {path} line {number + 1}: not valid JSON ({bad.msg})"
+def _read_failure(path: Path, kind: str, exc: Exception, layout: Layout = Layout()) -> str:
+    line = _json_failure(path, exc, layout) if kind == "json" else None
+    if line is not None:
+        return line
     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return f"--dataset {path}: cannot be read as {kind} ({reason})"
+
+
+def _json_failure(path: Path, exc: Exception, layout: Layout) -> str | None:
+    """The first line of a JSON-lines file that `datasets` cannot read, named (its errors name no
+    line): blank, not JSON, not an object, or a row without a top-level key other rows have (its
+    KeyError; `datasets` reads every row with every row's keys)."""
+    text = path.read_text(errors="replace")
+    if not text.strip():
+        return f"--dataset {path}: the file holds no rows (only blank lines)"
+    missing = exc.args[0] if isinstance(exc, KeyError) and exc.args else None
+    row = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as bad:
+            return f"--dataset {path} line {number}: not valid JSON ({bad.msg})"
+        if not isinstance(record, dict):
+            return f"--dataset {path} line {number}: not a JSON object"
+        if missing is not None and missing not in record:
+            fix = "" if missing in layout.needed else " (other rows hold it: give it null here)"
+            return f"--dataset {path} row {row} (line {number}): key {layout.key_name(missing)} is missing{fix}"
+        row += 1
+    return None
 
 
 def _layout_hint(layout: Layout) -> str:

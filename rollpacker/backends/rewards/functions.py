@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import numbers
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -132,8 +133,9 @@ def score(reward: str, data_source: str, entry: Mapping[str, Any], response: str
 
 
 def split_result(result: Any) -> tuple[float, dict[str, float]]:
-    """(reward, metrics) of what a scorer returned: a number, or a dict with "score" and metrics
-    (its other numeric values, booleans as 0/1; anything else in it is not a metric)."""
+    """(reward, metrics) of what a scorer returned: a number (an int or a float, not a bool or a
+    numeric string), or a dict with such a "score" and metrics (its other numeric values, booleans
+    as 0/1; anything else in it is not a metric)."""
     if isinstance(result, Mapping):
         if "score" not in result:
             raise ValueError(f"the reward function returned a dict without 'score' (keys: {', '.join(map(str, result))})")
@@ -144,8 +146,9 @@ def split_result(result: Any) -> tuple[float, dict[str, float]]:
 
 
 def _number(value: Any, what: str) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} is not a number (a reward function returns a float or a dict with a "
-                         f"numeric 'score')") from None
+    """`value` as a float if it is a number: an int or a float (numpy's too), never a bool or a
+    string, whatever `float()` would make of them."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{what} is a {type(value).__name__}, not a number (a reward function returns an int, "
+                         f"a float or a dict with a numeric 'score')")
+    return float(value)

@@ -13,15 +13,16 @@ error of each kind (one line) in `first_errors`:
 
     raised       the scorer raised, SystemExit (sys.exit) included; the line names the exception
                  and the scorer's frame it came from
-    bad_value    it returned something that is not a finite number or a dict with a finite "score"
-                 (None, a string, NaN, inf)
+    bad_value    it returned something that is not a finite number (an int or a float) or a dict
+                 with such a "score": None, a string (even "1.0"), a bool, NaN, inf
     timeout      it ran past its deadline; the worker was killed
     worker_died  the worker process ended mid-job (os._exit, a crash in C code, the OOM killer); the
                  line gives its exit code or signal, and a new worker takes its place
 
 A scorer may return a float or a dict (veRL's reward functions do): the dict's "score" is the
 reward and its other numeric keys are metrics, averaged over the step's "ok" outcomes in
-`step_report().metrics`.
+`step_report().metrics`.  A metric's NaN or inf values are left out of its mean and counted
+(`nonfinite_metrics`), the first of each metric named in one warning line.
 
 The deadline counts from when a worker starts the job; the wait before that is reported as
 `queue_s`.  A job submitted while its worker is being replaced (one killed at a deadline) waits for
@@ -46,6 +47,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -58,7 +60,7 @@ from rollpacker.backends.errors import BackendMisuse, RewardExecutorFailed
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob, RewardOutcome
 
-from .report import FAILURE_KINDS, RewardStepReport, StepStats
+from .report import FAILURE_KINDS, RewardStepReport, StepStats, nonfinite_metrics_line
 from .worker import PARENT_SIGNALS, Scorer, Worker, died_line, worker_main
 
 __all__ = ["ProcessRewardExecutor", "RewardStepReport", "FAILURE_KINDS", "Scorer"]
@@ -104,6 +106,8 @@ class ProcessRewardExecutor:
         """Request ids whose jobs the dispatcher withdraws."""
         self._out: queue.Queue[RewardOutcome] = queue.Queue()
         self._stats = StepStats()
+        self._warned_metrics: set[str] = set()
+        """Metrics whose NaN or inf values a warning has named (once each in the executor's life)."""
         self._is_closed = False
         self._failure: BaseException | None = None  # why the dispatcher thread died
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
@@ -179,10 +183,16 @@ class ProcessRewardExecutor:
             return len(self._in_flight)
 
     def step_report(self) -> RewardStepReport:
-        """Counts and latencies since the previous report (then reset)."""
+        """Counts and latencies since the previous report (then reset).  The first NaN or inf value
+        of each metric is one warning line on stderr; all of them are counted in the report."""
         with self._lock:
             s, self._stats = self._stats, StepStats()
-        return s.report()
+        report = s.report()
+        new = {key: n for key, n in report.nonfinite_metrics.items() if key not in self._warned_metrics}
+        if new:
+            self._warned_metrics.update(new)
+            print(nonfinite_metrics_line(new), file=sys.stderr, flush=True)
+        return report
 
     # -- dispatcher thread ------------------------------------------------------------------------
 
