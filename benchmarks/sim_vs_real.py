@@ -12,9 +12,12 @@ Four parts, all on this machine, one after another (nothing else should run besi
 1. **Calibrate** (`rollpacker.backends.calibration`): time the engine on a grid of (rows, prompt tokens,
    new tokens) and abort a few running requests; fit the simulator's instance latency model to it
    (`rollpacker.sim.engine_profile`): the engine profile, written to `--out`/profile.json.
-2. **Fit the other stages** on the fit workload (`--fit-workload`, default azure-conv): a short sync
-   run of the reference trainer replaying it, whose step records give the trainer's seconds per token
-   and per micro-batch, the optimizer step plus weight sync, and the scorer's latency.
+2. **Fit the rest**: the trainer (`time_trainer`: forward and backward of micro-batches on a grid of
+   rows, prompt and response tokens, and an optimizer step; `rollpacker.sim.stages.fit_train`); then a
+   short sync run of the reference trainer replaying the fit workload (`--fit-workload`, default
+   azure-conv), whose rounds, beside their prediction, give the engine time each ended request costs
+   the driver (`EngineProfile.event_s`: the core's events and the reward job share the engine's
+   interpreter and cores here), and whose step records give the scorer's latency and the weight sync.
 3. **Measure**: for each policy and seed, the reference trainer's real path (`Session`: the core, the
    live driver, the real engine decoding real tokens, real reward workers, the real trainer, weights
    synced each step) with `--replay-lengths` on the check workload (`--workload`, default servegen-r1):
@@ -53,14 +56,18 @@ from results_md import write_section  # noqa: E402
 from rollpacker.core import BatcherConfig  # noqa: E402
 from rollpacker.sim.config import SimConfig  # noqa: E402
 from rollpacker.sim.constants import SimConstants  # noqa: E402
-from rollpacker.sim.engine_profile import EngineProfile, fit_profile, load_profile  # noqa: E402
+from rollpacker.sim.engine_profile import EngineProfile, fit_event_s, fit_profile, load_profile  # noqa: E402
 from rollpacker.sim.simulation import Simulation  # noqa: E402
 
 SECTION = "Simulator against real engines"
 QUICK = dict(model="tiny", engine="embedded", policies="sync,tail", seeds="0", steps=6, prompts=8, samples=8,
              max_tokens=128, capacity=64, fit_steps=3, grid="quick")
-GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), repeats=2),
-         "full": dict(rows=(1, 4, 16, 32, 64), prompts=(32, 256), news=(16, 64, 192), repeats=3)}
+GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), repeats=2,
+                       trainer=dict(rows=(2, 16), prompts=(32, 128), responses=(8, 64), repeats=2)),
+         "full": dict(rows=(1, 4, 16, 32, 64), prompts=(32, 256), news=(16, 64, 192), repeats=3,
+                      trainer=dict(rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64), repeats=2)),
+         "default-model": dict(rows=(1, 4, 16, 32), prompts=(32, 128), news=(8, 32), repeats=2,
+                               trainer=dict(rows=(1, 4), prompts=(32, 96), responses=(8, 32), repeats=1))}
 
 
 # -- the engine and its profile --------------------------------------------------------------------
@@ -118,18 +125,19 @@ def machine() -> str:
 
 def profile_line(p: EngineProfile) -> str:
     return (f"t0 {p.t0 * 1e3:.2f} ms, t1 {p.t1 * 1e3:.3f} ms/row, t2 {p.t2 * 1e6:.3f} us/context token, "
-            f"prefill {p.prefill_t1 * 1e6:.1f} us/token + {p.prefill_batch_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms; "
+            f"prefill {p.prefill_t1 * 1e6:.1f} us/token + {p.prefill_batch_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms, "
+            f"{p.event_s * 1e3:.2f} ms a request that ends; "
             f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")
 
 
 # -- real runs --------------------------------------------------------------------------------------
 
-def run_flags(args, policy: str, seed: int, workload: str, steps: int, out: Path, urls) -> list[str]:
+def run_flags(args, policy: str, seed: int, workload: Workload, steps: int, out: Path, urls) -> list[str]:
     flags = ["--model", model_dir(args.model), "--trainer", "torch", "--policy", policy, "--seed", str(seed),
              "--steps", str(steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
              "--max-tokens", str(args.max_tokens), "--dataset-size", str(dataset_size(args)),
              "--engine-capacity", str(args.capacity), "--colocate", "--reward-workers", "1",
-             "--replay-lengths", workload, "--replay-scale-from", str(args.scale_from), "--out", str(out)]
+             "--replay-lengths", workload.name, "--replay-scale-from", str(workload.scale_from), "--out", str(out)]
     if urls:
         flags += ["--rollout", "sglang", "--sglang-urls", *urls]
     return flags
@@ -139,7 +147,7 @@ def dataset_size(args) -> int:
     return 8 * args.prompts
 
 
-def real_run(args, policy: str, seed: int, workload: str, steps: int, out: Path, urls) -> tuple[list[dict], int]:
+def real_run(args, policy: str, seed: int, workload: Workload, steps: int, out: Path, urls) -> tuple[list[dict], int]:
     """`steps` steps of the reference trainer's real path replaying `workload`; (step records, micro-batch tokens)."""
     from rollpacker.train.config import parse
     from rollpacker.train.outputs import RunDir
@@ -164,28 +172,40 @@ def real_run(args, policy: str, seed: int, workload: str, steps: int, out: Path,
 
 # -- the other stages, fitted -------------------------------------------------------------------------
 
-def stage_constants(records: list[dict]) -> dict:
-    """Part 2: the trainer's seconds per micro-batch and per trained token (least squares over steps),
-    the optimizer step plus weight sync, and the scorer's mean latency, from a run's step records
-    (step 0 left out)."""
-    import numpy as np
+@attrs.frozen
+class Workload:
+    """A built-in trace and the trace tokens that map to --max-tokens."""
 
-    steps = records[1:]
-    rows = [[sum(1 for *_, what in r["train_spans"] if what.startswith("micro-batch")), r["kept_tokens"]] for r in steps]
-    train = [sum(b - a for a, b, what in r["train_spans"] if what.startswith("micro-batch")) for r in steps]
-    (per_batch, per_token), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(train), rcond=None)
-    optimizer = [sum(b - a for a, b, what in r["train_spans"] if not what.startswith("micro-batch")) + r["sync_s"]
-                 for r in steps]
-    return {"micro_batch_overhead_s": max(float(per_batch), 0.0), "seconds_per_token": max(float(per_token), 1e-9),
-            "optimizer_s": statistics.median(optimizer),
-            "reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in steps), 1e-4)}
+    name: str
+    scale_from: int
+
+
+def calibrate_trainer(args, micro_batch_tokens: int) -> dict:
+    """Part 2: the reference trainer's micro-batch seconds fitted on a grid of (rows, prompt, response)
+    (`rollpacker.sim.stages.fit_train`), and its optimizer step."""
+    from rollpacker.backends.calibration import time_trainer
+    from rollpacker.sim.stages import fit_train
+    from rollpacker.train.config import parse
+    from rollpacker.train.session import build_trainer
+
+    config = parse(["--model", model_dir(args.model), "--trainer", "torch", "--max-tokens", str(args.max_tokens),
+                    "--micro-batch-tokens", str(micro_batch_tokens), "--device", "cpu"])
+    trainer = build_trainer(config, Path(model_dir(args.model)))
+    grid = GRIDS[args.grid]["trainer"]
+    timings = time_trainer(trainer, vocab_size=trainer.vocab_size, **grid)
+    fitted = fit_train(timings[:-1])
+    print(f"trainer: {fitted}, optimizer step {timings[-1][3]:.3f} s", flush=True)
+    return fitted | {"optimizer_s": timings[-1][3]}
 
 
 def sim_constants(stages: dict) -> SimConstants:
+    """The simulator's constants of the measured run: colocated training with the calibrated trainer, the
+    scorer's measured latency, the live path's reward settings, no KV watermark (the engine keeps none)."""
     c = SimConstants()
+    train = {k: stages[k] for k in ("micro_batch_overhead_s", "seconds_per_padded_token", "seconds_per_token",
+                                    "optimizer_s")}
     return attrs.evolve(
-        c, train=attrs.evolve(c.train, stream=False, seconds_per_token=stages["seconds_per_token"],
-                              micro_batch_overhead_s=stages["micro_batch_overhead_s"], optimizer_s=stages["optimizer_s"]),
+        c, train=attrs.evolve(c.train, stream=False, **train),
         reward=attrs.evolve(c.reward, median_s=stages["reward_median_s"], sigma=0.0, hang_rate=0.0, burst_workers=0,
                             workers=1, hedge_after=2.0, hedge_copies=1),
         engine=attrs.evolve(c.engine, admit_watermark=0.0))
@@ -193,17 +213,17 @@ def sim_constants(stages: dict) -> SimConstants:
 
 # -- prediction -----------------------------------------------------------------------------------------
 
-def predict(args, profile_path: Path, policy: str, seed: int, workload: str, steps: int, stages: dict,
+def predict(args, profile_path: Path, policy: str, seed: int, workload: Workload, steps: int, stages: dict,
             micro_batch_tokens: int, instances: int) -> list[dict]:
     """Part 4: the simulator's steps of the same run."""
     from rollpacker.train.replay import ReplayOptions
 
-    config = SimConfig(workload=workload, policy=policy, prompts=args.prompts, samples=args.samples,
+    config = SimConfig(workload=workload.name, policy=policy, prompts=args.prompts, samples=args.samples,
                        max_tokens=args.max_tokens, steps=steps, seed=seed, instances=instances,
-                       dataset_prompts=dataset_size(args), scale_from=args.scale_from,
+                       dataset_prompts=dataset_size(args), scale_from=workload.scale_from,
                        engine_profile=str(profile_path), bubble_capacity=args.capacity)
     lengths = prompt_lengths(args, seed)
-    replay = ReplayOptions(replay_lengths=workload, replay_scale_from=args.scale_from)
+    replay = ReplayOptions(replay_lengths=workload.name, replay_scale_from=workload.scale_from)
     sim = Simulation(config, sim_constants(stages), workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
                      batcher=BatcherConfig(token_budget=micro_batch_tokens))
     return sim.run()["steps"]
@@ -273,12 +293,14 @@ def report(result: dict) -> str:
     runs = {(p, int(s)): rows for p, s, rows in result["runs"]}
     summary = summarize(runs)
     lines = [f"`benchmarks/sim_vs_real.py {result['command']}`; engine: {result['profile']['engine']}, model "
-             f"{a.model}; machine {result['machine']}; {result['date']}.  Check workload {a.workload} (fit: "
-             f"{a.fit_workload}), {a.scale_from} trace tokens -> {a.max_tokens}; P={a.prompts} R={a.samples}, engine "
-             f"capacity {a.capacity}, {a.steps} steps a run (step 0 a warm-up, left out), training colocated.",
-             "", f"Profile (fitted on the calibration grid): {profile_line(EngineProfile(**result['profile']))}.",
-             f"Other stages (fitted on a sync run of {a.fit_workload}): " + ", ".join(
-                 f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",
+             f"{a.model}; machine {result['machine']}; {result['date']}.  Check workload {a.workload} ({a.scale_from} "
+             f"trace tokens -> {a.max_tokens}); fit workload {a.fit_workload} ({a.fit_scale_from} -> {a.max_tokens}); "
+             f"P={a.prompts} R={a.samples}, engine capacity {a.capacity}, {a.steps} steps a run (step 0 a warm-up, left "
+             f"out), training colocated.", "",
+             f"Profile (decode and prefill fitted on the calibration grid, event_s on the fit workload's sync run): "
+             f"{profile_line(EngineProfile(**result['profile']))}.",
+             "Other stages (the trainer calibrated on its own grid; the scorer's latency and the weight sync from the "
+             "fit run): " + ", ".join(f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",
              "| policy | seed | mean step s measured / predicted (error) | mean rollout s measured / predicted (error) | "
              "per-round rollout median abs error | round kinds agree | sync/policy step measured / predicted (error) |",
              "|---|---|---|---|---|---|---|"]
@@ -315,17 +337,24 @@ def run(args) -> dict:
     urls, servers = start_servers(args, out)
     try:
         profile = calibrate(args, out, urls)
+        fit = Workload(args.fit_workload, args.fit_scale_from)
+        fit_records, tokens = real_run(args, "sync", 0, fit, args.fit_steps, out / "fit", urls)
+        stages = calibrate_trainer(args, tokens)
+        stages |= {"reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in fit_records[1:]), 1e-4),
+                   "optimizer_s": stages["optimizer_s"] + statistics.median(r["sync_s"] for r in fit_records[1:])}
         profile_path = out / "profile.json"
         profile.save(profile_path)
-        fit_records, _ = real_run(args, "sync", 0, args.fit_workload, args.fit_steps, out / "fit", urls)
-        stages = stage_constants(fit_records)
-        print(f"stages: {stages}", flush=True)
+        guess = predict(args, profile_path, "sync", 0, fit, args.fit_steps, stages, tokens, len(urls or [1]))
+        profile = attrs.evolve(profile, event_s=fit_event_s(
+            [(r["rollout_s"], len(r["requests"])) for r in fit_records[1:]], [g["rollout_s"] for g in guess[1:]]))
+        profile.save(profile_path)
+        print(f"stages: {stages}\nprofile: {profile_line(profile)}", flush=True)
+        check = Workload(args.workload, args.scale_from)
         runs = []
         for seed in [int(s) for s in args.seeds.split(",")]:
             for policy in args.policies.split(","):
-                records, tokens = real_run(args, policy, seed, args.workload, args.steps, out / f"{policy}-{seed}", urls)
-                sim = predict(args, profile_path, policy, seed, args.workload, args.steps, stages, tokens,
-                              len(urls) if urls else 1)
+                records, tokens = real_run(args, policy, seed, check, args.steps, out / f"{policy}-{seed}", urls)
+                sim = predict(args, profile_path, policy, seed, check, args.steps, stages, tokens, len(urls or [1]))
                 runs.append((policy, seed, round_rows(records, sim)))
     finally:
         if servers is not None:
@@ -361,7 +390,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--engine", choices=("embedded", "sglang"), default="embedded")
     ap.add_argument("--model", default="tiny", help="tiny (a random 2-layer Llama), default (SmolLM2-135M-Instruct) or a directory")
     ap.add_argument("--workload", default="servegen-r1", help="the check workload (a built-in trace)")
-    ap.add_argument("--fit-workload", default="azure-conv", help="the workload of the run that fits the trainer's stages")
+    ap.add_argument("--fit-workload", default="azure-conv", help="the workload of the run that fits the driver's share "
+                    "(event_s) and the scorer's latency")
+    ap.add_argument("--fit-scale-from", type=int, default=1000, help="fit workload's trace tokens that map to "
+                    "--max-tokens (azure-conv's cap is 1000)")
     ap.add_argument("--policies", default="sync,tail,sorted")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=8, help="steps a run (step 0 is a warm-up, left out)")

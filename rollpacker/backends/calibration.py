@@ -88,3 +88,34 @@ class Calibration:
             times.append(time.monotonic() - start)
             self.tick()
         return statistics.median(times)
+
+
+def time_trainer(trainer, *, vocab_size: int, rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64),
+                 repeats: int = 2, seed: int = 0, tick: Callable[[], None] = lambda: None) -> list[tuple]:
+    """(rows, prompt, response, seconds) of `trainer.forward_backward` on micro-batches of `rows` random
+    samples of `prompt` + `response` tokens (the median of `repeats`, after one warm-up), then one optimizer
+    step (its seconds as the last item: (0, 0, 0, seconds)).  The weights move: calibrate a trainer that
+    is thrown away afterwards."""
+    from rollpacker.core.protocols import MicroBatch, TrainSample
+
+    rng = np.random.default_rng(seed)
+
+    def batch(b: int, p: int, r: int) -> MicroBatch:
+        return MicroBatch(tuple(TrainSample(tuple(int(t) for t in rng.integers(10, vocab_size, p)),
+                                            tuple(int(t) for t in rng.integers(10, vocab_size, r)),
+                                            advantage=float(rng.standard_normal()), token_weight=1.0)
+                                for _ in range(b)))
+
+    def timed(b: int, p: int, r: int) -> float:
+        micro = batch(b, p, r)
+        start = time.monotonic()
+        trainer.forward_backward(micro)
+        tick()
+        return time.monotonic() - start
+
+    cells = list(itertools.product(rows, prompts, responses))
+    timed(*min(cells))
+    timings = [(b, p, r, statistics.median(timed(b, p, r) for _ in range(repeats))) for b, p, r in cells]
+    start = time.monotonic()
+    trainer.optimizer_step(1.0)
+    return timings + [(0, 0, 0, time.monotonic() - start)]

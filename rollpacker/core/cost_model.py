@@ -128,6 +128,12 @@ class CostModel:
         token); an engine profile fitted to a real engine states its own."""
         return 0.0
 
+    @property
+    def event_s(self) -> float:
+        """Engine seconds lost to each request that ends: none here (the driver runs on other cores than
+        the GPU's engine); an engine profile fitted to a real engine states its own."""
+        return 0.0
+
     def prefill_time(self, tokens: float, cached: float = 0.0) -> float:
         """Prefill of `tokens` new tokens after `cached` ones (GEMMs plus attention)."""
         if tokens <= 0:

@@ -149,8 +149,11 @@ class TrainConstants:
     micro_batch_overhead_s: float = field(default=0.05, validator=non_negative_number)
     """Assumption: launch, gather and synchronisation cost per micro-batch."""
     seconds_per_token: float = field(default=0.0, validator=non_negative_number)
-    """When > 0, a trained token's measured seconds (an engine profile's trainer), in place of the
-    FLOPs model above."""
+    """When > 0, a trained response token's measured seconds (a calibrated trainer,
+    `stages.fit_train`), in place of the FLOPs model above."""
+    seconds_per_padded_token: float = field(default=0.0, validator=non_negative_number)
+    """A calibrated trainer's seconds per token of its padded forward (rows x the longest prompt +
+    response of the micro-batch: prompts are computed too); 0 in the FLOPs model (responses only)."""
     optimizer_s: float = field(default=1.0, validator=non_negative_number)
     """Assumption: optimizer step plus weight sync to the rollout engines."""
     stream: bool = True

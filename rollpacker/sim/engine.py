@@ -66,7 +66,7 @@ class Interval:
     end: float
     running: int
     kind: str
-    """"decode" or "prefill"."""
+    """"decode", "prefill" or "event" (the driver handling requests that ended: `Instance.stall`)."""
 
 
 @define(eq=False)
@@ -205,12 +205,21 @@ class Instance:
             self.time += prefill
         self.peak_kv = max(self.peak_kv, self.kv_at(self.step) if self.running else 0.0)
 
+    def stall(self, count: int, kind: str = "event") -> None:
+        """`count` requests ended: the engine loses `cost.event_s` each (the driver's handling of them)."""
+        seconds = count * self.cost.event_s
+        if seconds > 0:
+            self._log(self.time, self.time + seconds, kind)
+            self.busy_s += seconds
+            self.time += seconds
+
     def remove(self, rid: str, now: float) -> SimRequest | None:
         """Take a request off the instance (abort); returns it with `generated` up to date."""
         self.advance_to(now)
         req = self.running.get(rid)
         if req is not None:
             self._stop(req)
+            self.stall(1)
             return req
         for i, w in enumerate(self.waiting):
             if w.rid == rid:
@@ -226,6 +235,7 @@ class Instance:
                 self._stop(req)
                 req.generated = req.target
                 done.append(req)
+        self.stall(len(done))
         # Invariant: one request alone always fits (checked when the instance is built), so the
         # pool can be relieved by preempting all but one.
         while len(self.running) > 1 and self.kv_at(self.step) >= self.capacity * (1 - 1e-9):

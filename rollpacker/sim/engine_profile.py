@@ -72,6 +72,10 @@ class EngineProfile:
     """Seconds of one admission's prefill whatever its tokens."""
     abort_s: float = field(default=0.0, validator=non_negative_number)
     """Seconds from an abort to its result (measured; the simulator's aborts are instantaneous)."""
+    event_s: float = field(default=0.0, validator=non_negative_number)
+    """Engine seconds lost to each request that ends (finished or aborted): the driver's handling of it
+    (the core's events, the reward job) when it shares the engine's cores or interpreter; fitted on a
+    run of the whole rollout path (`fit_event_s`), 0 from the calibration grid alone."""
     max_running: int = field(validator=positive)
     """Requests the engine decodes at once."""
     kv_capacity: int = field(validator=positive)
@@ -81,7 +85,7 @@ class EngineProfile:
 
     def cost(self) -> ProfileCost:
         return ProfileCost(t0=self.t0, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
-                           prefill_batch_s=self.prefill_batch_s, kv_capacity=self.kv_capacity)
+                           prefill_batch_s=self.prefill_batch_s, kv_capacity=self.kv_capacity, event_s=self.event_s)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -104,6 +108,7 @@ class ProfileCost:
     prefill_t1: float
     prefill_batch_s: float
     kv_capacity: int
+    event_s: float = 0.0
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:
@@ -133,7 +138,7 @@ def load_profile(path: str | Path) -> EngineProfile:
     if missing or unknown:
         what = f"missing {', '.join(missing)}" if missing else f"unknown field {unknown[0]!r}"
         raise ProfileError(f"--engine-profile {path}: {what} (fields: {', '.join(sorted(names))})")
-    for name in TERMS + ("abort_s", "max_running", "kv_capacity"):
+    for name in TERMS + ("abort_s", "event_s", "max_running", "kv_capacity"):
         value = data.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
@@ -143,32 +148,40 @@ def load_profile(path: str | Path) -> EngineProfile:
         raise ProfileError(f"--engine-profile {path}: {exc}") from None
 
 
-def fit_constants(runs: list[Run]) -> dict[str, float]:
-    """Least squares of `Run.features` against the runs' seconds, every constant >= 0 (a term whose
-    unconstrained fit is negative is held at 0 and the rest refitted)."""
-    if len(runs) < len(TERMS):
-        raise ConfigError(f"fitting {len(TERMS)} constants needs at least {len(TERMS)} runs, got {len(runs)}")
-    x = np.array([r.features() for r in runs], dtype=float)
-    y = np.array([r.seconds for r in runs], dtype=float)
+def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[str, ...]) -> dict[str, float]:
+    """Least squares of `seconds` on `features` (one column per name), relative error weighted, every
+    constant >= 0 (a term whose unconstrained fit is negative is held at 0 and the rest refitted)."""
+    if len(seconds) < len(names):
+        raise ConfigError(f"fitting {len(names)} constants needs at least {len(names)} timings, got {len(seconds)}")
+    x = np.array(features, dtype=float)
+    y = np.array(seconds, dtype=float)
     weights = 1.0 / y  # relative error: a short run counts as much as a long one
-    free = list(range(len(TERMS)))
+    free = list(range(len(names)))
     while True:
         coef, *_ = np.linalg.lstsq(x[:, free] * weights[:, None], y * weights, rcond=None)
         if (coef >= 0).all():
             break
         free.pop(int(np.argmin(coef)))
-    values = dict.fromkeys(TERMS, 0.0)
-    values.update({TERMS[i]: float(c) for i, c in zip(free, coef)})
+    values = dict.fromkeys(names, 0.0)
+    values.update({names[i]: float(c) for i, c in zip(free, coef)})
     return values
 
 
 def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date: str, max_running: int,
                 kv_capacity: int, abort_s: float = 0.0) -> EngineProfile:
     """The profile whose constants fit `runs`; `fit` records each run and the median relative error."""
-    values = fit_constants(runs)
+    values = fit_linear([r.features() for r in runs], [r.seconds for r in runs], TERMS)
     profile = EngineProfile(engine=engine, model=model, machine=machine, date=date, abort_s=abort_s,
                             max_running=max_running, kv_capacity=kv_capacity, **values)
     errors = [profile.predict(r) / r.seconds - 1 for r in runs]
     fit = {"runs": [[r.rows, r.prompt, r.new, round(r.seconds, 4)] for r in runs],
            "median_abs_error": float(np.median(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
     return attrs.evolve(profile, fit=fit)
+
+
+def fit_event_s(measured: list[tuple[float, int]], predicted: list[float]) -> float:
+    """`EngineProfile.event_s` from rounds of a run of the whole rollout path: (measured rollout seconds,
+    requests that ended) beside the rollout seconds predicted without it; the median of the rounds'
+    unexplained seconds per request, >= 0."""
+    per_request = [(seconds - guess) / ended for (seconds, ended), guess in zip(measured, predicted) if ended]
+    return max(0.0, float(np.median(per_request))) if per_request else 0.0

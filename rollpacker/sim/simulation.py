@@ -352,7 +352,8 @@ class Simulation(NoticeObserver):
             self.inbox.append(RequestAborted(rid, req.generated, self.now))
 
     def _train(self, cmd: TrainMicroBatch) -> None:
-        seconds = self.train_model.micro_batch_s(cmd.num_tokens)
+        width = max(self.workload.prompt_tokens(ref.sample.prompt.index) + ref.sample.num_tokens for ref in cmd.samples)
+        seconds = self.train_model.micro_batch_s(cmd.num_tokens, padded=len(cmd.samples) * width)
         start = max(self.trainer_free, self.now)
         self.trainer_free = start + seconds
         self.meter.trained(start, seconds)
