@@ -19,6 +19,8 @@ before the next, and a crash in one keeps the others):
   compare   `reference/train.py --compare sync,tail` (P=16, R=8, 512 tokens) from the same weights and
             seed, once for each of --seeds (0, 1, 2): the median over seeds of the step-time ratio
             sync/policy is the speed-up;
+  replay    benchmarks/sim_vs_real.py: servegen-r1 (32k scaled to 4,096 tokens) replayed through the embedded
+            engine, sync and tail, 5 steps, beside the simulator's prediction with a profile fitted here;
   fidelity  benchmarks/fidelity.py's `gpu` setting: reward curves of sync, tail, and tail with unbiased
             groups (--tail.eta-responses 1.0) from the same weights and seed 0, one after another,
             sized to end within one call (--budget-s; its first line says the sizes and steps); a run
@@ -64,7 +66,7 @@ from gpu_campaign_report import (  # noqa: E402
     engine_body, env_body, fidelity_body, policies_body, spec_body, tests_body, trainer_body)
 from results_md import RESULTS, write_section  # noqa: E402
 
-PARTS = ("env", "engine", "spec", "trainer", "tests", "compare", "fidelity")
+PARTS = ("env", "engine", "spec", "trainer", "tests", "compare", "fidelity", "replay")
 # (full, tiny) sizes of each part
 # full: sized for an 80 GB GPU and SmolLM2-135M; transformers' continuous batching is left out of the
 # engine part to bound its time (engine_throughput.py runs it)
@@ -73,13 +75,19 @@ ENGINE_SIZES = {"full": ["--requests", "256", "--cap", "1024", "--batch", "128",
 SPEC_SIZES = {"full": ["--rows", "1,4,16", "--repeats", "1"],
               "tiny": ["--rows", "1", "--max-tokens", "8", "--group", "2", "--repeats", "1"]}
 TRAINER_SIZES = {"full": dict(batch=8, prompt=256, response=768, iters=5), "tiny": dict(batch=2, prompt=8, response=8, iters=2)}
+# the replay part: benchmarks/sim_vs_real.py on the embedded engine, servegen-r1's 32k setting scaled to 4k
+REPLAY_SIZES = {"full": ["--model", "default", "--max-tokens", "4096", "--scale-from", "32768", "--prompts", "16",
+                         "--samples", "8", "--capacity", "128", "--steps", "5", "--fit-steps", "3", "--policies",
+                         "sync,tail", "--seeds", "0", "--grid", "gpu"],
+                "tiny": ["--quick", "--steps", "3", "--fit-steps", "2"]}
 TRAIN_SIZES = {"full": ["--steps", "6", "--prompts", "16", "--samples", "8", "--max-tokens", "512",
                         "--engine-capacity", "160", "--dataset-size", "512",
                         "--reward-workers", "8"],
                "tiny": ["--preset", "tiny_debug", "--steps", "1"]}
 # seconds each part took on a lent H100 (2026-11-26, full sizes; compare: a seed; fidelity: its one-call budget): --deadline-s
 # skips a part that no longer fits, so one device call runs what fits in the time left
-PART_SECONDS = {"env": 15, "engine": 170, "trainer": 20, "spec": 45, "tests": 125, "compare": 180, "fidelity": 480}
+PART_SECONDS = {"env": 15, "engine": 170, "trainer": 20, "spec": 45, "tests": 125, "compare": 180, "fidelity": 480,
+                "replay": 480}  # (replay: an estimate, never run on a GPU yet)
 # what the campaign imports: required, and optional with what needs it
 REQUIRED_MODULES = ("torch", "transformers", "safetensors", "attrs", "immutables", "numpy", "aiohttp", "tyro",
                     "tqdm", "matplotlib", "gguf", "reasoning_gym")
@@ -261,7 +269,7 @@ def _compare_one_seed(args: argparse.Namespace, size: str, seed: int) -> dict:
 def run_trainer(args: argparse.Namespace, size: str) -> dict:
     """Forward+backward of the run's trainer in a child process (its memory is freed on exit)."""
     sizes = TRAINER_SIZES[size]
-    cmd = [sys.executable, "benchmarks/gpu_campaign.py", "--trainer-worker", json.dumps(
+    cmd = [sys.executable, "benchmarks/trainer_worker.py", json.dumps(
         dict(sizes, model=args.model, trainer=args.trainer, device=args.device, dtype=args.dtype))]
     proc = run_logged(cmd, args, "trainer")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -292,39 +300,18 @@ def run_fidelity(args: argparse.Namespace, size: str) -> dict:
             "rows": summary["rows"]}
 
 
-def trainer_worker(spec: dict) -> dict:
-    import random
+def run_replay(args: argparse.Namespace, size: str) -> dict:
+    """benchmarks/sim_vs_real.py: servegen-r1 replayed through the embedded engine, sync and tail, beside the
+    simulator's prediction with the engine's profile fitted on this device."""
+    import sim_vs_real
 
-    import torch
-
-    from rollpacker.backends.models import resolve_model
-    from rollpacker.core.protocols import MicroBatch, TrainSample
-    from rollpacker.train.config import RunConfig
-    from rollpacker.train.session import build_trainer
-
-    config = RunConfig(model=spec["model"], trainer=spec["trainer"], device=spec["device"], dtype=spec["dtype"], lr=1e-6)
-    trainer = build_trainer(config, resolve_model(spec["model"]))
-    vocab, rng = trainer.vocab_size, random.Random(0)
-    sync = torch.cuda.synchronize if spec["device"] == "cuda" else (lambda: None)
-
-    def micro_batch() -> MicroBatch:
-        ids = lambda n: tuple(rng.randrange(vocab) for _ in range(n))  # noqa: E731
-        return MicroBatch(tuple(TrainSample(ids(spec["prompt"]), ids(spec["response"]), rng.uniform(-1, 1), 1.0)
-                                for _ in range(spec["batch"])))
-
-    trainer.forward_backward(micro_batch())  # warm-up
-    times = []
-    for _ in range(spec["iters"]):
-        batch = micro_batch()
-        sync()
-        start = time.perf_counter()
-        trainer.forward_backward(batch)
-        sync()
-        times.append(time.perf_counter() - start)
-    tokens = spec["batch"] * (spec["prompt"] + spec["response"])
-    best, median = min(times), sorted(times)[len(times) // 2]
-    return {**spec, "trainer_class": type(trainer).__name__, "tokens_per_s": round(tokens / median, 1),
-            "best_tokens_per_s": round(tokens / best, 1), "fwd_bwd_s": [round(t, 3) for t in times]}
+    out = args.out / "replay"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "benchmarks/sim_vs_real.py", *REPLAY_SIZES[size], "--device", args.device, "--out", str(out)]
+    proc = run_logged(cmd, args, "replay")
+    result = json.loads((out / "result.json").read_text())
+    return {"text": sim_vs_real.report(result), "headline": proc.stdout.strip().splitlines()[-1],
+            "profile": result["profile"], "command": _shown(cmd)}
 
 
 def device_name(device: str) -> str:
@@ -336,9 +323,6 @@ def device_name(device: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--trainer-worker"]:
-        print(json.dumps(trainer_worker(json.loads(argv[1]))))
-        return 0
     args = parse_args(argv)
     import torch
 
@@ -364,7 +348,9 @@ def main(argv: list[str]) -> int:
              "trainer": ("Trainer", run_trainer, lambda r, h: trainer_body(r, h, command)),
              "tests": ("GPU tests", run_tests, tests_body),
              "compare": (f"Reference trainer: {args.policies.replace(',', ' vs ')}", run_policies, policies_body),
-             "fidelity": ("Fidelity: reward curves", run_fidelity, fidelity_body)}
+             "fidelity": ("Fidelity: reward curves", run_fidelity, fidelity_body),
+             "replay": ("Simulator against the engine: a length trace replayed", run_replay,
+                        lambda r, h: f"{h}\n\n{r['text']}\n{r['headline']}\n")}
     failed, skipped, began, budget = [], [], time.monotonic(), args.budget_s
     for part in args.parts:
         subsection, run, body_of = parts[part]

@@ -52,11 +52,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from results_md import write_section  # noqa: E402
+from sim_vs_real_report import headline, profile_line, report, round_rows  # noqa: E402
 
 from rollpacker.core import BatcherConfig  # noqa: E402
 from rollpacker.sim.config import SimConfig  # noqa: E402
 from rollpacker.sim.constants import SimConstants  # noqa: E402
-from rollpacker.sim.engine_profile import EngineProfile, fit_event_s, fit_profile, load_profile  # noqa: E402
+from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_profile, load_profile  # noqa: E402
 from rollpacker.sim.simulation import Simulation  # noqa: E402
 
 SECTION = "Simulator against real engines"
@@ -66,6 +67,8 @@ GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), re
                        trainer=dict(rows=(2, 16), prompts=(32, 128), responses=(8, 64), repeats=2)),
          "full": dict(rows=(1, 4, 16, 32, 64), prompts=(32, 256), news=(16, 64, 192), repeats=3,
                       trainer=dict(rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64), repeats=2)),
+         "gpu": dict(rows=(1, 16, 64, 128), prompts=(64, 512), news=(64, 512), repeats=2,
+                     trainer=dict(rows=(4, 16), prompts=(64, 256), responses=(256, 1024), repeats=2)),
          "default-model": dict(rows=(1, 4, 16, 32), prompts=(32, 128), news=(8, 32), repeats=2,
                                trainer=dict(rows=(1, 4), prompts=(32, 96), responses=(8, 32), repeats=1))}
 
@@ -85,7 +88,7 @@ def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
     from rollpacker.backends.calibration import Calibration
     from rollpacker.backends.models import load_model
 
-    model, _ = load_model(model_dir(args.model))
+    model, _ = load_model(model_dir(args.model), dtype=args.dtype, device=args.device)
     engine, capacity = calibration_engine(args, model, urls)
     grid = GRIDS[args.grid]
     print(f"calibrating {args.engine} ({args.model}): {len(grid['rows']) * len(grid['prompts']) * len(grid['news'])} "
@@ -93,12 +96,12 @@ def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
     try:
         cal = Calibration(engine, vocab_size=model.config.vocab_size, seed=0)
         runs = cal.grid(grid["rows"], grid["prompts"], grid["news"], grid["repeats"])
-        abort_s = cal.abort_s(new=args.max_tokens * 8)
+        abort_s = cal.abort_s(new=args.max_tokens)
     finally:
         engine.close()
     profile = fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
                           date=time.strftime("%Y-%m-%d"), max_running=capacity, kv_capacity=capacity * 8192,
-                          abort_s=abort_s)
+                          abort_s=abort_s, admit_fraction=admit_fraction(args))
     profile.save(out / "profile.json")
     print(f"profile: {profile_line(profile)}", flush=True)
     return profile
@@ -112,22 +115,34 @@ def calibration_engine(args, model, urls):
         return SGLangEngine(urls[:1], model_config_dir=model_dir(args.model)), args.capacity // len(urls)
     from rollpacker.backends.embedded.engine import EmbeddedEngine
 
-    return EmbeddedEngine(model, capacity=args.capacity), args.capacity
+    columns = max(GRIDS[args.grid]["prompts"]) + max(max(GRIDS[args.grid]["news"]), args.max_tokens)
+    return EmbeddedEngine(model, capacity=args.capacity, kv_tokens_per_row=columns), args.capacity
+
+
+def admit_fraction(args) -> float:
+    """The engine's admission rule (`EngineProfile.admit_fraction`): the embedded engine's default; SGLang
+    admits at every scheduling step (0)."""
+    import inspect
+
+    from rollpacker.backends.embedded.engine import EmbeddedEngine
+
+    return 0.0 if args.engine == "sglang" else inspect.signature(EmbeddedEngine).parameters["admit_fraction"].default
 
 
 def engine_name(args) -> str:
-    return "SGLang 0.5.23 (CPU, torch_native, float32)" if args.engine == "sglang" else "embedded (CPU, float32)"
+    if args.engine == "sglang":
+        return "SGLang 0.5.23 (CPU, torch_native, float32)"
+    return f"embedded ({device_name(args.device)}, {args.dtype})"
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else "CPU"
 
 
 def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores"
-
-
-def profile_line(p: EngineProfile) -> str:
-    return (f"t0 {p.t0 * 1e3:.2f} ms, t1 {p.t1 * 1e3:.3f} ms/row, t2 {p.t2 * 1e6:.3f} us/context token, "
-            f"prefill {p.prefill_t1 * 1e6:.1f} us/token + {p.prefill_batch_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms, "
-            f"{p.event_s * 1e3:.2f} ms a request that ends; "
-            f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")
 
 
 # -- real runs --------------------------------------------------------------------------------------
@@ -137,6 +152,7 @@ def run_flags(args, policy: str, seed: int, workload: Workload, steps: int, out:
              "--steps", str(steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
              "--max-tokens", str(args.max_tokens), "--dataset-size", str(dataset_size(args)),
              "--engine-capacity", str(args.capacity), "--colocate", "--reward-workers", "1",
+             "--device", args.device, "--dtype", args.dtype,
              "--replay-lengths", workload.name, "--replay-scale-from", str(workload.scale_from), "--out", str(out)]
     if urls:
         flags += ["--rollout", "sglang", "--sglang-urls", *urls]
@@ -180,6 +196,41 @@ class Workload:
     scale_from: int
 
 
+def with_event_s(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
+                 micro_batch_tokens: int) -> EngineProfile:
+    """The profile with `event_s` fitted on the fit run's rounds (beside their prediction without it),
+    saved as `out`/profile.json."""
+    profile_path = out / "profile.json"
+    attrs.evolve(profile, event_s=0.0).save(profile_path)
+    instances = 2 if args.engine == "sglang" else 1
+    guess = predict(args, profile_path, "sync", 0, Workload(args.fit_workload, args.fit_scale_from), len(fit_records),
+                    stages, micro_batch_tokens, instances)
+    profile = attrs.evolve(profile, event_s=fit_event_s(
+        [(r["rollout_s"], finished(r)) for r in fit_records[1:]], [g["rollout_s"] for g in guess[1:]]))
+    profile.save(profile_path)
+    return profile
+
+
+def refit(result: dict, out: Path) -> dict:
+    """`result` with its profile fitted again by this tree's model from its own measurements: the calibration
+    grid it kept and the fit run's step records in `out`/fit (after a change to the latency model's terms)."""
+    args = argparse.Namespace(**result["args"])
+    old = EngineProfile(**result["profile"])
+    runs = [Run(*r) for r in old.fit["runs"]]
+    profile = fit_profile(runs, engine=old.engine, model=old.model, machine=old.machine, date=old.date,
+                          max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
+                          admit_fraction=old.admit_fraction)
+    records = [json.loads(line) for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
+    profile = with_event_s(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,
+                           result["stages"], result["micro_batch_tokens"])
+    return {**result, "profile": profile.to_dict()}
+
+
+def finished(record: dict) -> int:
+    """Requests of a step that finished (not aborted)."""
+    return sum(1 for q in record["requests"] if q[2] != "abort")
+
+
 def calibrate_trainer(args, micro_batch_tokens: int) -> dict:
     """Part 2: the reference trainer's micro-batch seconds fitted on a grid of (rows, prompt, response)
     (`rollpacker.sim.stages.fit_train`), and its optimizer step."""
@@ -189,7 +240,7 @@ def calibrate_trainer(args, micro_batch_tokens: int) -> dict:
     from rollpacker.train.session import build_trainer
 
     config = parse(["--model", model_dir(args.model), "--trainer", "torch", "--max-tokens", str(args.max_tokens),
-                    "--micro-batch-tokens", str(micro_batch_tokens), "--device", "cpu"])
+                    "--micro-batch-tokens", str(micro_batch_tokens), "--device", args.device, "--dtype", args.dtype])
     trainer = build_trainer(config, Path(model_dir(args.model)))
     grid = GRIDS[args.grid]["trainer"]
     timings = time_trainer(trainer, vocab_size=trainer.vocab_size, **grid)
@@ -246,87 +297,25 @@ def prompt_lengths(args, seed: int) -> list[int]:
     return _PROMPTS[key]
 
 
-# -- comparison -------------------------------------------------------------------------------------------
-
-def longest(record: dict) -> int:
-    return record["longest_request"] if "longest_request" in record else max((q[1] for q in record["requests"]), default=0)
-
-
-def round_rows(real: list[dict], sim: list[dict]) -> list[dict]:
-    """Per round (step 0 left out): measured and predicted rollout, longest request, bubble, wasted tokens."""
-    return [{"step": r["step"], "round": r["round"], "sim_round": s["round"], "rollout": (r["rollout_s"], s["rollout_s"]),
-             "step_s": (r["step_s"], s["step_s"]), "longest": (longest(r), longest(s)),
-             "bubble": (r["bubble_ratio"], s["bubble_ratio"]), "wasted": (r["wasted_tokens"], s["wasted_tokens"])}
-            for r, s in zip(real[1:], sim[1:])]
-
-
-def error(measured: float, predicted: float) -> float:
-    return predicted / measured - 1 if measured else 0.0
-
-
-def mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
+def repredict(result: dict, out: Path) -> dict:
+    """`result` with every predicted figure made again by this tree's simulator, from the profile and stages it
+    was measured with (the measured figures as they were): after a change to the latency model."""
+    args = argparse.Namespace(**result["args"])
+    profile_path = out / "profile.json"
+    EngineProfile(**result["profile"]).save(profile_path)
+    check, instances = Workload(args.workload, args.scale_from), 2 if args.engine == "sglang" else 1
+    runs = []
+    for policy, seed, rows in result["runs"]:
+        sim = predict(args, profile_path, policy, seed, check, args.steps, result["stages"],
+                      result["micro_batch_tokens"], instances)
+        runs.append((policy, seed, [{**row, **{k: (row[k][0], v[k][1]) for k in v if k in MEASURED_PAIRS},
+                                     "sim_round": v["sim_round"]}
+                                    for row, v in zip(rows, round_rows(sim, sim))]))
+    return {**result, "runs": runs}
 
 
-def summarize(runs: dict) -> dict:
-    """Per (policy, seed): mean measured/predicted step and rollout, median per-round error; ratios to sync."""
-    out = {}
-    for (policy, seed), rows in runs.items():
-        out[policy, seed] = {
-            "step": (mean(r["step_s"][0] for r in rows), mean(r["step_s"][1] for r in rows)),
-            "rollout": (mean(r["rollout"][0] for r in rows), mean(r["rollout"][1] for r in rows)),
-            "round_error": statistics.median(abs(error(*r["rollout"])) for r in rows),
-            "kinds_agree": sum(r["round"] == r["sim_round"] for r in rows) / len(rows)}
-    for (policy, seed), s in out.items():
-        base = out.get(("sync", seed))
-        if base is not None:
-            s["ratio"] = tuple(base["step"][i] / s["step"][i] for i in (0, 1))
-            s["rollout_ratio"] = tuple(base["rollout"][i] / s["rollout"][i] for i in (0, 1))
-    return out
-
-
-# -- the report -------------------------------------------------------------------------------------------
-
-def report(result: dict) -> str:
-    a = argparse.Namespace(**result["args"])
-    runs = {(p, int(s)): rows for p, s, rows in result["runs"]}
-    summary = summarize(runs)
-    lines = [f"`benchmarks/sim_vs_real.py {result['command']}`; engine: {result['profile']['engine']}, model "
-             f"{a.model}; machine {result['machine']}; {result['date']}.  Check workload {a.workload} ({a.scale_from} "
-             f"trace tokens -> {a.max_tokens}); fit workload {a.fit_workload} ({a.fit_scale_from} -> {a.max_tokens}); "
-             f"P={a.prompts} R={a.samples}, engine capacity {a.capacity}, {a.steps} steps a run (step 0 a warm-up, left "
-             f"out), training colocated.", "",
-             f"Profile (decode and prefill fitted on the calibration grid, event_s on the fit workload's sync run): "
-             f"{profile_line(EngineProfile(**result['profile']))}.",
-             "Other stages (the trainer calibrated on its own grid; the scorer's latency and the weight sync from the "
-             "fit run): " + ", ".join(f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",
-             "| policy | seed | mean step s measured / predicted (error) | mean rollout s measured / predicted (error) | "
-             "per-round rollout median abs error | round kinds agree | sync/policy step measured / predicted (error) |",
-             "|---|---|---|---|---|---|---|"]
-    for (policy, seed), s in summary.items():
-        ratio = s.get("ratio")
-        ratio_text = f"{ratio[0]:.2f} / {ratio[1]:.2f} ({error(*ratio):+.1%})" if ratio and policy != "sync" else "-"
-        lines.append(f"| {policy} | {seed} | {s['step'][0]:.2f} / {s['step'][1]:.2f} ({error(*s['step']):+.1%}) | "
-                     f"{s['rollout'][0]:.2f} / {s['rollout'][1]:.2f} ({error(*s['rollout']):+.1%}) | "
-                     f"{s['round_error']:.1%} | {s['kinds_agree']:.0%} | {ratio_text} |")
-    lines += ["", "Per round (measured / predicted):", "",
-              "| policy | seed | step | round (real, sim) | rollout s | longest request | bubble | wasted tokens |",
-              "|---|---|---|---|---|---|---|---|"]
-    for (policy, seed), rows in runs.items():
-        for r in rows:
-            lines.append(f"| {policy} | {seed} | {r['step']} | {r['round']}, {r['sim_round']} | "
-                         f"{r['rollout'][0]:.2f} / {r['rollout'][1]:.2f} | {r['longest'][0]} / {r['longest'][1]} | "
-                         f"{r['bubble'][0]:.2f} / {r['bubble'][1]:.2f} | {r['wasted'][0]} / {r['wasted'][1]} |")
-    return "\n".join(lines) + "\n"
-
-
-def headline(result: dict, policy: str = "tail") -> str:
-    runs = {(p, int(s)): rows for p, s, rows in result["runs"]}
-    ratios = [s["ratio"] for (p, _), s in summarize(runs).items() if p == policy and "ratio" in s]
-    measured = statistics.median(r[0] for r in ratios)
-    predicted = statistics.median(r[1] for r in ratios)
-    return f"sim vs real: sync/{policy} measured {measured:.2f} predicted {predicted:.2f} (error {error(measured, predicted):+.1%})"
+MEASURED_PAIRS = ("rollout", "step_s", "longest", "bubble", "wasted")
+"""The (measured, predicted) pairs of a round's row."""
 
 
 # -- main -------------------------------------------------------------------------------------------------
@@ -342,12 +331,7 @@ def run(args) -> dict:
         stages = calibrate_trainer(args, tokens)
         stages |= {"reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in fit_records[1:]), 1e-4),
                    "optimizer_s": stages["optimizer_s"] + statistics.median(r["sync_s"] for r in fit_records[1:])}
-        profile_path = out / "profile.json"
-        profile.save(profile_path)
-        guess = predict(args, profile_path, "sync", 0, fit, args.fit_steps, stages, tokens, len(urls or [1]))
-        profile = attrs.evolve(profile, event_s=fit_event_s(
-            [(r["rollout_s"], len(r["requests"])) for r in fit_records[1:]], [g["rollout_s"] for g in guess[1:]]))
-        profile.save(profile_path)
+        profile = with_event_s(args, profile, out, fit_records, stages, tokens)
         print(f"stages: {stages}\nprofile: {profile_line(profile)}", flush=True)
         check = Workload(args.workload, args.scale_from)
         runs = []
@@ -360,7 +344,8 @@ def run(args) -> dict:
         if servers is not None:
             servers.__exit__(None, None, None)
     result = {"args": vars(args), "command": " ".join(sys.argv[1:]), "machine": machine(),
-              "date": time.strftime("%Y-%m-%d"), "profile": profile.to_dict(), "stages": stages, "runs": runs}
+              "date": time.strftime("%Y-%m-%d"), "profile": profile.to_dict(), "stages": stages,
+              "micro_batch_tokens": tokens, "runs": runs}
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -388,6 +373,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="<= 4 minutes: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
     ap.add_argument("--engine", choices=("embedded", "sglang"), default="embedded")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the embedded engine's and trainer's device")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="default: bfloat16 on cuda, else float32")
     ap.add_argument("--model", default="tiny", help="tiny (a random 2-layer Llama), default (SmolLM2-135M-Instruct) or a directory")
     ap.add_argument("--workload", default="servegen-r1", help="the check workload (a built-in trace)")
     ap.add_argument("--fit-workload", default="azure-conv", help="the workload of the run that fits the driver's share "
@@ -407,17 +394,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile", default=None, help="use this engine profile instead of calibrating")
     ap.add_argument("--out", default=None)
     ap.add_argument("--report", default=None, metavar="DIR", help="the tables again from DIR/result.json")
+    ap.add_argument("--repredict", action="store_true", help="with --report: predict again with this tree's simulator")
+    ap.add_argument("--refit", action="store_true", help="with --report: fit the profile again from DIR's measurements "
+                    "(the grid it kept, DIR/fit/metrics.jsonl), then predict again")
     ap.add_argument("--write-results", action="store_true")
+    ap.add_argument("--save", default=None, metavar="FILE", help="also write the result (as reported) to FILE")
     args = ap.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.engine == "sglang" and args.device != "cpu":
+        ap.error("--engine sglang runs the servers on this machine's CPU here: --device cpu")
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     result = json.loads((Path(args.report) / "result.json").read_text()) if args.report else run(args)
+    if args.refit:
+        result = refit(result, Path(args.report))
+    if args.repredict or args.refit:
+        result = repredict(result, Path(tempfile.mkdtemp(prefix="rollpacker-repredict-")))
+    if args.save:
+        Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     text = report(result)
     print(text)
     if args.write_results:

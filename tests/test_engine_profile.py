@@ -13,7 +13,7 @@ from rollpacker.sim.config import SimConfig
 from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_profile, load_profile
 from rollpacker.sim.simulation import Simulation
 
-TRUE = {"prefill_batch_s": 0.012, "prefill_t1": 9e-6, "t0": 0.0035, "t1": 0.0005, "t2": 2e-7}
+TRUE = {"run_overhead_s": 0.012, "prefill_t1": 9e-6, "t0": 0.0035, "t1": 0.0005, "t2": 2e-7}
 GRID = [(b, p, n) for b in (1, 4, 16, 64) for p in (32, 256) for n in (16, 128)]
 
 
@@ -37,8 +37,8 @@ def test_a_fit_recovers_the_constants_and_round_trips_through_its_file(tmp_path)
 
 
 def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
-    fitted = profile(**{**TRUE, "t2": 0.0, "prefill_batch_s": 0.0})
-    assert fitted.t2 >= 0 and fitted.prefill_batch_s >= 0
+    fitted = profile(**{**TRUE, "t2": 0.0, "run_overhead_s": 0.0})
+    assert fitted.t2 >= 0 and fitted.run_overhead_s >= 0
     assert fitted.t0 == pytest.approx(TRUE["t0"], rel=1e-3) and fitted.t1 == pytest.approx(TRUE["t1"], rel=1e-3)
 
 
@@ -70,8 +70,9 @@ def test_a_file_that_is_not_a_profile_is_one_line_from_simulate(tmp_path, capsys
 
 
 def test_a_lone_request_on_a_profile_takes_the_profiles_time(tmp_path):
-    """One prompt, one sample of n tokens after p prompt tokens, one instance: prefill, then n decode steps
-    of one row whose context grows by one a step (the fluid sum of the segment arithmetic)."""
+    """One prompt, one sample of n tokens after p prompt tokens, one instance: prefill (a forward: t0, and
+    its tokens), then n decode steps of one row whose context grows by one a step (the fluid sum of the
+    segment arithmetic); the calibration's run overhead is not simulated."""
     fitted = profile()
     fitted.save(tmp_path / "p.json")
     workload = tmp_path / "w.jsonl"
@@ -81,4 +82,4 @@ def test_a_lone_request_on_a_profile_takes_the_profiles_time(tmp_path):
     [step] = Simulation(config).run()["steps"]
     p, n = 256, 100  # (a JSONL workload's prompts are 256 tokens)
     decode = n * (fitted.t0 + fitted.t1 + fitted.t2 * p) + fitted.t2 * n * n / 2
-    assert step["rollout_s"] == pytest.approx(fitted.prefill_batch_s + fitted.prefill_t1 * p + decode, rel=1e-6)
+    assert step["rollout_s"] == pytest.approx(fitted.t0 + fitted.prefill_t1 * p + decode, rel=1e-6)

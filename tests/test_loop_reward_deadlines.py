@@ -14,6 +14,7 @@ import pytest
 
 from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 from rollpacker.core import BatcherConfig, RewardConfig, Scheduler, make_policy
+from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob, RewardOutcome
 from rollpacker.driver import StepLoop, VirtualClock
 from rollpacker.train.config import RunConfig
@@ -181,6 +182,19 @@ def test_reward_deadline_flag_bounds_the_adaptive_deadline():
     assert fixed.timeout(None) == fixed.timeout(0.01) == fixed.timeout(5.0) == 1.0
 
 
-def test_reward_hedge_flag_sets_the_cores_hedge_and_0_turns_it_off():
+def test_reward_hedge_flags_set_the_cores_hedge_and_0_turns_it_off():
     assert RunConfig(reward_hedge_after_s=3.0).reward_config().hedge_after == 3.0
     assert RunConfig(reward_hedge_after_s=0).reward_config().hedge_after is None
+    assert RunConfig(reward_hedge_copies=3).reward_config().hedge_copies == 3
+    with pytest.raises(ConfigError, match="--reward-hedge-copies must be >= 1"):
+        RunConfig(reward_hedge_copies=0).rewards_options()
+
+
+def test_the_simulator_and_the_reference_trainer_share_one_reward_setting():
+    """Hedging (when, how many copies), priority and burst workers: the simulator's defaults are the live
+    path's (the core's RewardConfig defaults); only the worker count is each setting's own."""
+    from rollpacker.sim.constants import RewardConstants
+
+    same = ("hedge_after", "hedge_copies", "priority", "burst_workers")
+    live, sim = RunConfig().reward_config(), RewardConstants().scheduler_config()
+    assert {k: getattr(live, k) for k in same} == {k: getattr(sim, k) for k in same}

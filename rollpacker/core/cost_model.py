@@ -129,6 +129,11 @@ class CostModel:
         return 0.0
 
     @property
+    def admit_fraction(self) -> float:
+        """Waiting requests start as soon as a slot frees (an engine profile may state a batching rule)."""
+        return 0.0
+
+    @property
     def event_s(self) -> float:
         """Engine seconds lost to each request that ends: none here (the driver runs on other cores than
         the GPU's engine); an engine profile fitted to a real engine states its own."""

@@ -183,8 +183,18 @@ class Instance:
         if not self.running:
             self.base = 0.0  # no drift survives an empty batch
 
+    def _worth_a_prefill(self) -> bool:
+        """With requests running, waiting ones start only once `cost.admit_fraction` of the running count
+        can start together, or all of them (the embedded engine's rule: one batched prefill)."""
+        if not self.running:
+            return True
+        can = min(self.max_running - len(self.running), len(self.waiting))
+        return can >= max(1, int(self.cost.admit_fraction * len(self.running))) or can == len(self.waiting)
+
     def admit(self) -> None:
         """Admit waiting requests (prefill pauses decoding)."""
+        if not self._worth_a_prefill():
+            return
         limit = self.capacity * (1.0 - self.watermark)
         prefill = 0.0
         kv = self.kv_at(self.step) if self.running else 0.0
@@ -206,7 +216,8 @@ class Instance:
         self.peak_kv = max(self.peak_kv, self.kv_at(self.step) if self.running else 0.0)
 
     def stall(self, count: int, kind: str = "event") -> None:
-        """`count` requests ended: the engine loses `cost.event_s` each (the driver's handling of them)."""
+        """`count` requests finished: the engine loses `cost.event_s` each (the driver's handling of a
+        finished request, its reward job included; an abort is one call for many and scores nothing)."""
         seconds = count * self.cost.event_s
         if seconds > 0:
             self._log(self.time, self.time + seconds, kind)
@@ -219,7 +230,6 @@ class Instance:
         req = self.running.get(rid)
         if req is not None:
             self._stop(req)
-            self.stall(1)
             return req
         for i, w in enumerate(self.waiting):
             if w.rid == rid:

@@ -1,19 +1,23 @@
 """An engine profile: the simulator's instance latency model fitted to an engine we ran, in a file.
 
 The simulator's instances cost a decode step `t0 + t1 * b + t2 * C` (b running requests, C tokens of
-context they hold) and a prefill `prefill_t1` a prompt token plus `prefill_batch_s` an admission (one
-batched forward); `rollpacker.core.cost_model.CostModel` derives those from a GPU's datasheet figures.
+context they hold) and an admission `t0 + prefill_t1` a prompt token (one batched forward: its fixed cost
+is a decode step's); `rollpacker.core.cost_model.CostModel` derives those from a GPU's datasheet figures.
 A profile states them as measured instead:
 
     {"engine": "embedded", "model": "tiny-random-llama", "machine": "x86_64, 2 cores", "date": "2026-11-27",
-     "t0": 0.004, "t1": 0.0002, "t2": 1e-08, "prefill_t1": 2e-05, "prefill_batch_s": 0.003,
+     "t0": 0.004, "t1": 0.0002, "t2": 1e-08, "prefill_t1": 2e-05, "run_overhead_s": 0.003,
      "abort_s": 0.001, "max_running": 32, "kv_capacity": 1000000, "fit": {...}}
 
 `rollpacker simulate --engine-profile FILE` runs the simulation on instances of that engine (TP fixed at
 1, one instance per engine).  `fit_profile` makes one from timed runs (`Run`: b requests of p prompt
 tokens each generating n tokens, submitted together, `seconds` from submission to the last result):
 
-    seconds = prefill_batch_s + prefill_t1 * b * p + n * t0 + n * b * t1 + t2 * b * (n * p + n * (n - 1) / 2)
+    seconds = run_overhead_s + prefill_t1 * b * p + (n + 1) * t0 + n * b * t1 + t2 * b * (n * p + n * (n - 1) / 2)
+
+(the prefill is one forward more: n + 1 forwards' fixed cost; `run_overhead_s`, the submission and the last
+answer's way back, is measured and left out of the simulation, as a live round pays it once, not per
+admission)
 
 linear in the five constants, so a least-squares fit (constants held >= 0) over a grid of (b, p, n);
 `rollpacker.backends.calibration` times such runs on any rollout engine.
@@ -32,7 +36,7 @@ from attrs import field, frozen
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.validators import non_negative_number, positive
 
-TERMS = ("prefill_batch_s", "prefill_t1", "t0", "t1", "t2")
+TERMS = ("run_overhead_s", "prefill_t1", "t0", "t1", "t2")
 """The fitted constants, in the order of `Run.features`."""
 
 
@@ -51,7 +55,7 @@ class Run:
 
     def features(self) -> list[float]:
         b, p, n = self.rows, self.prompt, self.new
-        return [1.0, b * p, n, n * b, b * (n * p + n * (n - 1) / 2)]
+        return [1.0, b * p, n + 1, n * b, b * (n * p + n * (n - 1) / 2)]
 
 
 @frozen(kw_only=True)
@@ -68,16 +72,22 @@ class EngineProfile:
     """Seconds a token of context adds to a decode step."""
     prefill_t1: float = field(validator=non_negative_number)
     """Seconds a prompt token adds to a prefill."""
-    prefill_batch_s: float = field(validator=non_negative_number)
-    """Seconds of one admission's prefill whatever its tokens."""
+    run_overhead_s: float = field(validator=non_negative_number)
+    """Seconds a calibration run pays once whatever its size: the submission reaching the engine and
+    the last answer coming back (measured; not simulated)."""
     abort_s: float = field(default=0.0, validator=non_negative_number)
     """Seconds from an abort to its result (measured; the simulator's aborts are instantaneous)."""
     event_s: float = field(default=0.0, validator=non_negative_number)
-    """Engine seconds lost to each request that ends (finished or aborted): the driver's handling of it
-    (the core's events, the reward job) when it shares the engine's cores or interpreter; fitted on a
-    run of the whole rollout path (`fit_event_s`), 0 from the calibration grid alone."""
+    """Engine seconds lost to each request that finishes: the driver's handling of it (the core's events,
+    the reward job) when it shares the engine's cores or interpreter; fitted on a run of the whole
+    rollout path (`fit_event_s`), 0 from the calibration grid alone.  Aborts are not charged: one call
+    aborts many, and nothing is scored."""
     max_running: int = field(validator=positive)
     """Requests the engine decodes at once."""
+    admit_fraction: float = field(default=0.0, validator=non_negative_number)
+    """While requests run, waiting ones start only once this share of the running count can start
+    together, or all of them (one batched prefill; the embedded engine's `admit_fraction`, a setting,
+    not a measurement); 0: each as soon as a slot frees."""
     kv_capacity: int = field(validator=positive)
     """Tokens of KV cache (beyond it the simulator preempts)."""
     fit: dict = field(factory=dict)
@@ -85,7 +95,8 @@ class EngineProfile:
 
     def cost(self) -> ProfileCost:
         return ProfileCost(t0=self.t0, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
-                           prefill_batch_s=self.prefill_batch_s, kv_capacity=self.kv_capacity, event_s=self.event_s)
+                           prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
+                           admit_fraction=self.admit_fraction)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -109,6 +120,7 @@ class ProfileCost:
     prefill_batch_s: float
     kv_capacity: int
     event_s: float = 0.0
+    admit_fraction: float = 0.0
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:
@@ -138,7 +150,7 @@ def load_profile(path: str | Path) -> EngineProfile:
     if missing or unknown:
         what = f"missing {', '.join(missing)}" if missing else f"unknown field {unknown[0]!r}"
         raise ProfileError(f"--engine-profile {path}: {what} (fields: {', '.join(sorted(names))})")
-    for name in TERMS + ("abort_s", "event_s", "max_running", "kv_capacity"):
+    for name in TERMS + ("abort_s", "event_s", "admit_fraction", "max_running", "kv_capacity"):
         value = data.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
@@ -168,11 +180,11 @@ def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[s
 
 
 def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date: str, max_running: int,
-                kv_capacity: int, abort_s: float = 0.0) -> EngineProfile:
+                kv_capacity: int, abort_s: float = 0.0, admit_fraction: float = 0.0) -> EngineProfile:
     """The profile whose constants fit `runs`; `fit` records each run and the median relative error."""
     values = fit_linear([r.features() for r in runs], [r.seconds for r in runs], TERMS)
     profile = EngineProfile(engine=engine, model=model, machine=machine, date=date, abort_s=abort_s,
-                            max_running=max_running, kv_capacity=kv_capacity, **values)
+                            max_running=max_running, kv_capacity=kv_capacity, admit_fraction=admit_fraction, **values)
     errors = [profile.predict(r) / r.seconds - 1 for r in runs]
     fit = {"runs": [[r.rows, r.prompt, r.new, round(r.seconds, 4)] for r in runs],
            "median_abs_error": float(np.median(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
@@ -181,7 +193,7 @@ def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date:
 
 def fit_event_s(measured: list[tuple[float, int]], predicted: list[float]) -> float:
     """`EngineProfile.event_s` from rounds of a run of the whole rollout path: (measured rollout seconds,
-    requests that ended) beside the rollout seconds predicted without it; the median of the rounds'
-    unexplained seconds per request, >= 0."""
+    requests that finished) beside the rollout seconds predicted without it; the median of the rounds'
+    unexplained seconds per finished request, >= 0."""
     per_request = [(seconds - guess) / ended for (seconds, ended), guess in zip(measured, predicted) if ended]
     return max(0.0, float(np.median(per_request))) if per_request else 0.0

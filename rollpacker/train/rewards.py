@@ -15,7 +15,7 @@ from .flag_checks import at_least, non_negative_finite, positive_finite
 @frozen(kw_only=True)
 class RewardsConfig:
     """The scoring component: its options are the top-level flags --reward, --reward-workers,
-    --reward-deadline-s, --reward-burst-workers and --reward-hedge-after-s.  RunConfig.rewards_options() passes `reward` resolved for the data source,
+    --reward-deadline-s, --reward-burst-workers, --reward-hedge-after-s and --reward-hedge-copies.  RunConfig.rewards_options() passes `reward` resolved for the data source,
     so check() and build() always see a function's name."""
 
     flat = True
@@ -36,15 +36,19 @@ class RewardsConfig:
     the step waits for) and for hedges: a pool sized to the burst of scoring at the round's end."""
     reward_hedge_after_s: float = field(default=2.0, validator=non_negative_finite)
     """A scoring still running after this many seconds gets a second copy on a free worker (the first
-    answer is the sample's reward, the other copy is killed): a stuck or slow scorer costs about this
+    answer is the sample's reward, the other copies are killed): a stuck or slow scorer costs about this
     plus a fresh scoring instead of its deadline.  0: off."""
+    reward_hedge_copies: int = field(default=1, validator=at_least(1))
+    """Most copies of one scoring besides the first, each --reward-hedge-after-s after the one before,
+    while none has answered."""
 
     def scheduler_config(self) -> RewardConfig:
         """The core's reward scheduler: --reward-workers at once, deadlines bounded by --reward-deadline-s."""
         bound = self.reward_deadline_s
         floor = attrs.fields(RewardConfig).t_min.default
         return RewardConfig(workers=self.reward_workers, t_min=min(floor, bound), t_max=bound,
-                            hedge_after=self.reward_hedge_after_s or None, burst_workers=self.reward_burst_workers)
+                            hedge_after=self.reward_hedge_after_s or None, hedge_copies=self.reward_hedge_copies,
+                            burst_workers=self.reward_burst_workers)
 
     def check(self) -> None:
         """The function exists and loads (one line naming --reward otherwise)."""

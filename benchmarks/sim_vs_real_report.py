@@ -1,0 +1,101 @@
+"""The tables of benchmarks/sim_vs_real.py: per round and per policy, measured beside predicted, from a
+run's result (its `result.json`)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from rollpacker.sim.engine_profile import EngineProfile
+
+
+def profile_line(p: EngineProfile) -> str:
+    return (f"t0 {p.t0 * 1e3:.2f} ms, t1 {p.t1 * 1e3:.3f} ms/row, t2 {p.t2 * 1e6:.3f} us/context token, "
+            f"prefill {p.prefill_t1 * 1e6:.1f} us/token + t0, run overhead {p.run_overhead_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms, "
+            f"{p.event_s * 1e3:.2f} ms a finished request; "
+            f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")
+
+
+# -- comparison -------------------------------------------------------------------------------------------
+
+def longest(record: dict) -> int:
+    return record["longest_request"] if "longest_request" in record else max((q[1] for q in record["requests"]), default=0)
+
+
+def round_rows(real: list[dict], sim: list[dict]) -> list[dict]:
+    """Per round (step 0 left out): measured and predicted rollout, longest request, bubble, wasted tokens."""
+    return [{"step": r["step"], "round": r["round"], "sim_round": s["round"], "rollout": (r["rollout_s"], s["rollout_s"]),
+             "step_s": (r["step_s"], s["step_s"]), "longest": (longest(r), longest(s)),
+             "bubble": (r["bubble_ratio"], s["bubble_ratio"]), "wasted": (r["wasted_tokens"], s["wasted_tokens"])}
+            for r, s in zip(real[1:], sim[1:])]
+
+
+def error(measured: float, predicted: float) -> float:
+    return predicted / measured - 1 if measured else 0.0
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def summarize(runs: dict) -> dict:
+    """Per (policy, seed): mean measured/predicted step and rollout, median per-round error; ratios to sync."""
+    out = {}
+    for (policy, seed), rows in runs.items():
+        out[policy, seed] = {
+            "step": (mean(r["step_s"][0] for r in rows), mean(r["step_s"][1] for r in rows)),
+            "rollout": (mean(r["rollout"][0] for r in rows), mean(r["rollout"][1] for r in rows)),
+            "round_error": statistics.median(abs(error(*r["rollout"])) for r in rows),
+            "kinds_agree": sum(r["round"] == r["sim_round"] for r in rows) / len(rows)}
+    for (policy, seed), s in out.items():
+        base = out.get(("sync", seed))
+        if base is not None:
+            s["ratio"] = tuple(base["step"][i] / s["step"][i] for i in (0, 1))
+            s["rollout_ratio"] = tuple(base["rollout"][i] / s["rollout"][i] for i in (0, 1))
+    return out
+
+
+# -- the report -------------------------------------------------------------------------------------------
+
+def report(result: dict) -> str:
+    a = argparse.Namespace(**result["args"])
+    runs = {(p, int(s)): rows for p, s, rows in result["runs"]}
+    summary = summarize(runs)
+    lines = [f"`benchmarks/sim_vs_real.py {result['command']}`; engine: {result['profile']['engine']}, model "
+             f"{a.model}; machine {result['machine']}; {result['date']}.  Check workload {a.workload} ({a.scale_from} "
+             f"trace tokens -> {a.max_tokens}); fit workload {a.fit_workload} ({a.fit_scale_from} -> {a.max_tokens}); "
+             f"P={a.prompts} R={a.samples}, engine capacity {a.capacity}, {a.steps} steps a run (step 0 a warm-up, left "
+             f"out), training colocated.", "",
+             f"Profile (decode and prefill fitted on the calibration grid, event_s on the fit workload's sync run): "
+             f"{profile_line(EngineProfile(**result['profile']))}.",
+             "Other stages (the trainer calibrated on its own grid; the scorer's latency and the weight sync from the "
+             "fit run): " + ", ".join(f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",
+             "| policy | seed | mean step s measured / predicted (error) | mean rollout s measured / predicted (error) | "
+             "per-round rollout median abs error | round kinds agree | sync/policy step measured / predicted (error) |",
+             "|---|---|---|---|---|---|---|"]
+    for (policy, seed), s in summary.items():
+        ratio = s.get("ratio")
+        ratio_text = f"{ratio[0]:.2f} / {ratio[1]:.2f} ({error(*ratio):+.1%})" if ratio and policy != "sync" else "-"
+        lines.append(f"| {policy} | {seed} | {s['step'][0]:.2f} / {s['step'][1]:.2f} ({error(*s['step']):+.1%}) | "
+                     f"{s['rollout'][0]:.2f} / {s['rollout'][1]:.2f} ({error(*s['rollout']):+.1%}) | "
+                     f"{s['round_error']:.1%} | {s['kinds_agree']:.0%} | {ratio_text} |")
+    lines += ["", "Per round (measured / predicted):", "",
+              "| policy | seed | step | round (real, sim) | rollout s | longest request | bubble | wasted tokens |",
+              "|---|---|---|---|---|---|---|---|"]
+    for (policy, seed), rows in runs.items():
+        for r in rows:
+            lines.append(f"| {policy} | {seed} | {r['step']} | {r['round']}, {r['sim_round']} | "
+                         f"{r['rollout'][0]:.2f} / {r['rollout'][1]:.2f} | {r['longest'][0]} / {r['longest'][1]} | "
+                         f"{r['bubble'][0]:.2f} / {r['bubble'][1]:.2f} | {r['wasted'][0]} / {r['wasted'][1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def headline(result: dict, policy: str = "tail") -> str:
+    runs = {(p, int(s)): rows for p, s, rows in result["runs"]}
+    ratios = [s["ratio"] for (p, _), s in summarize(runs).items() if p == policy and "ratio" in s]
+    measured = statistics.median(r[0] for r in ratios)
+    predicted = statistics.median(r[1] for r in ratios)
+    return f"sim vs real: sync/{policy} measured {measured:.2f} predicted {predicted:.2f} (error {error(measured, predicted):+.1%})"
+
+
