@@ -69,7 +69,9 @@ GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), re
                       trainer=dict(rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64), repeats=2)),
          "gpu": dict(rows=(1, 16, 64, 128), prompts=(64, 512), news=(64, 512), repeats=2,
                      trainer=dict(rows=(4, 16), prompts=(64, 256), responses=(256, 1024), repeats=2)),
-         "default-model": dict(rows=(1, 4, 16, 32), prompts=(32, 128), news=(8, 32), repeats=2,
+         "sglang": dict(rows=(1, 4, 8), prompts=(32, 128), news=(16, 64), repeats=2,
+                        trainer=dict(rows=(2, 16), prompts=(32, 128), responses=(8, 64), repeats=2)),
+         "default-model": dict(rows=(1, 4, 8, 16), prompts=(32, 128), news=(8, 32), repeats=2,
                                trainer=dict(rows=(1, 4), prompts=(32, 96), responses=(8, 32), repeats=1))}
 
 
@@ -223,7 +225,7 @@ def refit(result: dict, out: Path) -> dict:
     records = [json.loads(line) for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
     profile = with_event_s(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,
                            result["stages"], result["micro_batch_tokens"])
-    return {**result, "profile": profile.to_dict()}
+    return {**result, "profile": profile.to_dict(), "refit": True}
 
 
 def finished(record: dict) -> int:
@@ -332,6 +334,7 @@ def run(args) -> dict:
         stages |= {"reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in fit_records[1:]), 1e-4),
                    "optimizer_s": stages["optimizer_s"] + statistics.median(r["sync_s"] for r in fit_records[1:])}
         profile = with_event_s(args, profile, out, fit_records, stages, tokens)
+        profile_path = out / "profile.json"
         print(f"stages: {stages}\nprofile: {profile_line(profile)}", flush=True)
         check = Workload(args.workload, args.scale_from)
         runs = []

@@ -83,3 +83,34 @@ def test_a_lone_request_on_a_profile_takes_the_profiles_time(tmp_path):
     p, n = 256, 100  # (a JSONL workload's prompts are 256 tokens)
     decode = n * (fitted.t0 + fitted.t1 + fitted.t2 * p) + fitted.t2 * n * n / 2
     assert step["rollout_s"] == pytest.approx(fitted.t0 + fitted.prefill_t1 * p + decode, rel=1e-6)
+
+
+def run_sync(tmp_path, fitted, lengths, samples) -> tuple[dict, list]:
+    """One sync step of one prompt with `samples` samples of `lengths` on one instance of `fitted`: its
+    record and the instance's intervals (start, end, running, kind)."""
+    fitted.save(tmp_path / "p.json")
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps({"prompt": "a", "lengths": lengths}) + "\n")
+    config = SimConfig(workload=str(workload), policy="sync", prompts=1, samples=samples, max_tokens=512, steps=1,
+                       instances=1, engine_profile=str(tmp_path / "p.json"), dataset_prompts=1)
+    sim = Simulation(config, record_timeline=True)
+    return sim.run()["steps"][0], sim.timelines[0]["intervals"][0]
+
+
+def test_each_finished_request_costs_the_engine_event_s(tmp_path):
+    plain, _ = run_sync(tmp_path, profile(), [40, 80, 120], 3)
+    charged, intervals = run_sync(tmp_path, attrs.evolve(profile(), event_s=0.01), [40, 80, 120], 3)
+    assert charged["rollout_s"] == pytest.approx(plain["rollout_s"] + 3 * 0.01, rel=1e-9)
+    assert sum(b - a for a, b, _, kind in intervals if kind == "event") == pytest.approx(0.03)
+
+
+def test_waiting_requests_start_in_batches_under_admit_fraction(tmp_path):
+    """Four slots, eight samples: each freed slot starts a request at once (admit_fraction 0: five prefills),
+    or, with admit_fraction 1.0, only once as many can start as run, or every waiting one (fewer prefills,
+    of more requests each)."""
+    lengths = [10, 30, 50, 70, 90, 110, 130, 150]
+    at_once = attrs.evolve(profile(), max_running=4)
+    _, eager = run_sync(tmp_path, at_once, lengths, 8)
+    _, batched = run_sync(tmp_path, attrs.evolve(at_once, admit_fraction=1.0), lengths, 8)
+    prefills = lambda intervals: sum(kind == "prefill" for *_, kind in intervals)  # noqa: E731
+    assert prefills(eager) == 5 and prefills(batched) < prefills(eager)

@@ -1,17 +1,14 @@
 """Typed run configuration of the reference trainer, with presets as functions (as torchtitan does).
 
-Every field's docstring is its `--help` text (tyro).  `parse(argv)` takes `--preset NAME` first,
-then every other flag overrides that preset.
-
-RunConfig is assembled from three parts, each option declared once: the run's own flags (the class
-below), the options of the built-in components (`flat = True`: EmbeddedRollout, SGLangRollout,
-TitanTrainerOptions, RewardsConfig declare them, with their validators and help) as top-level flags,
-and one section of flags `--NAME.KNOB` per registered policy (the same `policy_sections()` that
-`rollpacker simulate` lists) and per registered engine or trainer that is not a built-in.  The
-choices of --policy, --rollout and --trainer are the registries' names (rollpacker.core.policies,
-rollpacker.train.registry; plugin modules in $ROLLPACKER_PLUGINS are imported first).  `rollout_options()`,
-`trainer_options()`, `rewards_options()`, `batcher_config()` and `build_policy()` turn the flags into
-one config per component, each checked by flag (a bad value is one ConfigError naming it).
+Every field's docstring is its `--help` text (tyro).  `parse(argv)` takes `--preset NAME` first, then every
+other flag overrides it.  RunConfig is assembled from three parts, each option declared once: the run's own
+flags (the class below), the options of the built-in components (`flat = True`: EmbeddedRollout,
+SGLangRollout, TitanTrainerOptions, RewardsConfig, ... declare them, with validators and help) as top-level
+flags, and one section `--NAME.KNOB` per registered policy (the `policy_sections()` that `rollpacker
+simulate` lists) and per registered engine or trainer that is not a built-in.  --policy, --rollout and
+--trainer choose among the registries' names (plugin modules in $ROLLPACKER_PLUGINS are imported first).
+`rollout_options()`, `trainer_options()`, `rewards_options()`, `batcher_config()` and `build_policy()` turn
+the flags into one config per component, each checked by flag (a bad value is one ConfigError naming it).
 """
 
 from __future__ import annotations
@@ -257,15 +254,14 @@ class RunConfig:
         check_rows(self.reward_name(), rows)
 
     def _check_sampling_and_times(self) -> None:
-        """Float flags: finite and in range (a NaN fails every comparison, so test the good range)."""
+        """Float flags: finite and in range (a NaN fails every comparison: test the good range)."""
         for flag, wanted, good in (("lr", ">= 0", lambda v: v >= 0), ("step_timeout_s", "> 0", lambda v: v > 0)):
             value = getattr(self, flag)
             if not (math.isfinite(value) and good(value)):
                 raise ConfigError(f"--{flag.replace('_', '-')} must be {wanted}, got {value}")
 
     def check_dist_timeout(self) -> None:
-        """--dist-timeout-s (several trainer processes): finite, > 0 and above --step-timeout-s, since
-        the other ranks wait in a collective while rank 0 runs a step."""
+        """--dist-timeout-s: finite, > 0 and above --step-timeout-s (the other ranks wait while rank 0 steps)."""
         value = self.dist_timeout_s
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"--dist-timeout-s must be > 0, got {value}")
@@ -308,9 +304,8 @@ FLAT = tuple(cls for registry in (ROLLOUTS, TRAINERS) for cls in registry.values
 FLAT += (SamplingOptions, RewardsConfig, BatchingOptions, LossOptions, ReplayOptions)
 """The built-in components whose options are top-level flags: each field of theirs (name, type, default,
 validator, help) is declared there only, and is a field of RunConfig."""
-FLAT_AFTER = {SGLangRollout: "rollout", EmbeddedRollout: "colocate", SamplingOptions: "colocate",
-              RewardsConfig: "colocate", BatchingOptions: "lr", LossOptions: "lr", TitanTrainerOptions: "nproc",
-              ReplayOptions: "colocate"}
+FLAT_AFTER = {SGLangRollout: "rollout", EmbeddedRollout: "colocate", SamplingOptions: "colocate", RewardsConfig: "colocate",
+              BatchingOptions: "lr", LossOptions: "lr", TitanTrainerOptions: "nproc", ReplayOptions: "colocate"}
 """Where --help lists a flat component's flags: after this flag of the run (elsewhere: at the end)."""
 
 
@@ -357,15 +352,13 @@ RunConfig = assemble(RunConfig)
 # -- presets ---------------------------------------------------------------------------------------
 
 def smollm2_cpu_tail() -> RunConfig:
-    """`make train`: SmolLM2-135M-Instruct on 2 CPU cores, tail batching, about 10 minutes, several
-    short rounds and at least one long round."""
+    """`make train`: SmolLM2-135M-Instruct on 2 CPU cores, tail batching, short rounds and a long one."""
     return RunConfig()
 
 
 def tiny_debug() -> RunConfig:
     """CI end to end: two steps with tiny sizes (use with --model pointing at a tiny model)."""
-    return RunConfig(steps=2, prompts=2, samples=2, max_tokens=16, dataset_size=8, engine_capacity=8,
-                     reward_workers=1)
+    return RunConfig(steps=2, prompts=2, samples=2, max_tokens=16, dataset_size=8, engine_capacity=8, reward_workers=1)
 
 
 PRESETS = {"smollm2_cpu_tail": smollm2_cpu_tail, "tiny_debug": tiny_debug}
