@@ -396,7 +396,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--grid", choices=tuple(GRIDS), default="full", help="calibration grid")
     ap.add_argument("--profile", default=None, help="use this engine profile instead of calibrating")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--report", default=None, metavar="DIR", help="the tables again from DIR/result.json")
+    ap.add_argument("--report", default=None, metavar="DIR", help="the tables again from DIR/result.json (or a result file)")
     ap.add_argument("--repredict", action="store_true", help="with --report: predict again with this tree's simulator")
     ap.add_argument("--refit", action="store_true", help="with --report: fit the profile again from DIR's measurements "
                     "(the grid it kept, DIR/fit/metrics.jsonl), then predict again")
@@ -414,7 +414,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    result = json.loads((Path(args.report) / "result.json").read_text()) if args.report else run(args)
+    report_file = Path(args.report or ".") / "result.json" if args.report and Path(args.report).is_dir() else args.report
+    result = json.loads(Path(report_file).read_text()) if args.report else run(args)
     if args.refit:
         result = refit(result, Path(args.report))
     if args.repredict or args.refit:

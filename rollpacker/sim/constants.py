@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import attrs
 from attrs import field, frozen
 
 from rollpacker.core.cost_model import Hardware, ModelShape
@@ -98,6 +99,9 @@ class EngineConstants:
     the fastest sync), because the TP chosen then holds for many rounds that the greedy rule does not see."""
 
 
+_REWARD = attrs.fields(RewardConfig)
+
+
 @frozen(kw_only=True)
 class RewardConstants:
     section: ClassVar[str] = "reward"
@@ -115,18 +119,20 @@ class RewardConstants:
     """RollPacker adaptive timeout: T = min(max(T_min, lambda * T_anchor), T_max)."""
     scale: float = field(default=1.5, validator=positive_number)
     t_max: float = field(default=30.0, validator=positive_number)
-    hedge_after: float = field(default=1.0, validator=non_negative_number)
+    # The reward setting: the core's RewardConfig defaults, which the reference trainer's flags default to
+    # too (one setting for the simulator and the live path).  Chosen by measurement (benchmarks/RESULTS.md,
+    # "One reward setting"): at the headline's setting hedging after 1 or 2 s with 1 or 3 copies gave the
+    # same ratio (1.89-1.90x); 64 extra workers gave 2.04-2.07x, a resource a user must provide, so they are
+    # not in the default (`--set reward.burst_workers=64` charges them to every policy).
+    hedge_after: float = field(default=_REWARD.hedge_after.default, validator=non_negative_number)
     """A sample whose execution still runs after this many seconds gets another on a free worker
-    (the first answer wins; RewardConfig.hedge_after); 0: never.  Assumption: 2 x the median
-    execution, so about one execution in four is hedged when a worker is free."""
-    hedge_copies: int = field(default=3, validator=positive)
+    (the first answer wins; RewardConfig.hedge_after); 0: never."""
+    hedge_copies: int = field(default=_REWARD.hedge_copies.default, validator=positive)
     """Most hedges of one sample, each `hedge_after` after the previous (RewardConfig.hedge_copies)."""
-    priority: bool = True
+    priority: bool = _REWARD.priority.default
     """Samples of complete groups are scored before open groups' (RewardConfig.priority)."""
-    burst_workers: int = field(default=64, validator=non_negative)
-    """Assumption: workers beyond `workers` for complete groups' samples and hedges
-    (RewardConfig.burst_workers): 128 sandboxes in all, 2 per GPU of the 64-GPU settings; a short
-    round of tail batching keeps about 1,100 samples (~900 worker-seconds) in ~9 s."""
+    burst_workers: int = field(default=_REWARD.burst_workers.default, validator=non_negative)
+    """Workers beyond `workers` for complete groups' samples and hedges (RewardConfig.burst_workers)."""
 
     def scheduler_config(self) -> RewardConfig:
         """The core's reward scheduler with these settings."""

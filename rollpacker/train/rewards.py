@@ -12,6 +12,10 @@ from rollpacker.core.reward_scheduler import RewardConfig
 from .flag_checks import at_least, non_negative_finite, positive_finite
 
 
+_CORE = attrs.fields(RewardConfig)
+"""The reward setting's defaults are the core's (the simulator's are too: one setting)."""
+
+
 @frozen(kw_only=True)
 class RewardsConfig:
     """The scoring component: its options are the top-level flags --reward, --reward-workers,
@@ -31,14 +35,14 @@ class RewardsConfig:
     min(max(2 s, 1.5 x the slowest correct scoring so far), this); until a correct (positive-reward)
     answer is seen, this.  A scorer past its deadline is killed and the sample gets reward 0.  At 2 s
     or less the deadline is fixed at this."""
-    reward_burst_workers: int = field(default=0, validator=at_least(0))
+    reward_burst_workers: int = field(default=_CORE.burst_workers.default, validator=at_least(0))
     """Worker processes beyond --reward-workers, used only for samples of complete groups (the ones
     the step waits for) and for hedges: a pool sized to the burst of scoring at the round's end."""
-    reward_hedge_after_s: float = field(default=2.0, validator=non_negative_finite)
+    reward_hedge_after_s: float = field(default=_CORE.hedge_after.default, validator=non_negative_finite)
     """A scoring still running after this many seconds gets a second copy on a free worker (the first
     answer is the sample's reward, the other copies are killed): a stuck or slow scorer costs about this
     plus a fresh scoring instead of its deadline.  0: off."""
-    reward_hedge_copies: int = field(default=1, validator=at_least(1))
+    reward_hedge_copies: int = field(default=_CORE.hedge_copies.default, validator=at_least(1))
     """Most copies of one scoring besides the first, each --reward-hedge-after-s after the one before,
     while none has answered."""
 
