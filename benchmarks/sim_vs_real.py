@@ -402,10 +402,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "(the grid it kept, DIR/fit/metrics.jsonl), then predict again")
     ap.add_argument("--write-results", action="store_true")
     ap.add_argument("--save", default=None, metavar="FILE", help="also write the result (as reported) to FILE")
+    if "--quick" in (sys.argv[1:] if argv is None else argv):
+        ap.set_defaults(**QUICK)  # the quick sizes, unless a flag says otherwise
     args = ap.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.engine == "sglang" and args.device != "cpu":
         ap.error("--engine sglang runs the servers on this machine's CPU here: --device cpu")
