@@ -121,7 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-from", type=int, default=None, metavar="N",
                    help="built-in traces: N trace tokens map to --max-tokens (lengths scaled before the cap)")
     p.add_argument("--engine-profile", type=Path, default=None, metavar="FILE",
-                   help="a fitted engine profile (JSON, `rollpacker calibrate`): the instances are that engine "
+                   help="a fitted engine profile (JSON; benchmarks/sim_vs_real.py writes one): the instances are that engine "
                         "(with --tp 1) instead of --model's GPU cost model")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a constant, e.g. --set train.mfu=0.4 --set engine.mem_fraction=0.5")

@@ -73,7 +73,7 @@ class SGLangRollout:
     weight_sync: str | None = field(default=None, validator=_weight_sync)
     """--rollout sglang: how each step's weights reach the servers.  nccl: broadcast from trainer rank 0
     in buckets over SGLang's /update_weights_from_distributed (gloo when the trainer is on CPU, which
-    only rollpacker serve accepts); disk:DIR: safetensors written under DIR, a directory every server
+    rollpacker serve and real SGLang 0.5.23 on a CPU accept); disk:DIR: safetensors written under DIR, a directory every server
     can read (a shared filesystem across nodes), then /update_weights_from_disk; DIR keeps the newest
     step's copy only (one model's weights; a restarted server can load it).  Default: disk through a
     temporary folder on this machine, refused when a server is on another host."""
