@@ -65,6 +65,8 @@ def _terminated(signum, frame):
 
 
 def main(argv: list[str]) -> int:
+    # Ctrl-C stops the run even when a script or a CI runner started it in the background, SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     config = parse(argv)
     rank, world = init_distributed_env()
     if world > 1:  # under torchrun, on one node or several (README: Multi-node)

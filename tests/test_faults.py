@@ -156,8 +156,10 @@ def _raise_terminated(signum, frame):
 @pytest.mark.parametrize("sig,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, _Terminated)])
 def test_ctrl_c_or_sigterm_during_the_state_save_waits_for_it_then_stops(sig, raised):
     """torch's writers turn an exception raised inside a write into a failed save: the signal waits
-    for the end of the save, then its handler (the trainer's) runs."""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    for the end of the save, then its handler (the trainer's, as reference/train.py installs them whatever the
+    process inherited) runs."""
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated),
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
     finished = []
     try:
         with pytest.raises(raised):
@@ -166,13 +168,17 @@ def test_ctrl_c_or_sigterm_during_the_state_save_waits_for_it_then_stops(sig, ra
                 time.sleep(0.2)  # a handler would have run by now
                 finished.append(True)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     assert finished == [True]
 
 
 def start_train(*args) -> subprocess.Popen:
+    """The trainer in a session of its own, started with SIGINT ignored, as a script that runs it in the
+    background (or a CI runner) hands it: its Ctrl-C must work all the same, whatever started the tests."""
     return subprocess.Popen([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
 
 
 def wait_for_saved_step(out: Path, step: int, proc: subprocess.Popen, timeout_s: float = 250) -> None:
