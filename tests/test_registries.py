@@ -24,6 +24,7 @@ from rollpacker.train.config import RunConfig, parse
 from rollpacker.backends.trainer.pytorch import TorchTrainerConfig
 from rollpacker.train.algorithm import BatchingOptions, LossOptions, SamplingOptions
 from rollpacker.train.registry import ROLLOUTS, TRAINERS, BuildContext
+from rollpacker.train.replay import ReplayOptions
 from rollpacker.train.rewards import RewardsConfig
 from rollpacker.train.session import loop_config
 from rollpacker.train.trainers import common_options
@@ -304,7 +305,7 @@ def test_each_built_in_option_is_declared_once_in_its_component(capsys):
     declared by their component class only: RunConfig's field has the class's default and help, and
     the run's own flags (the class written in config.py) do not name it again."""
     assert set(run_config.FLAT) == {*ROLLOUTS.values(), *TRAINERS.values(), RewardsConfig, SamplingOptions,
-                                    BatchingOptions, LossOptions}
+                                    BatchingOptions, LossOptions, ReplayOptions}
     run_fields = {f.name: f for f in dataclasses.fields(RunConfig)}
     hand_written = RunConfig.__mro__[1].__annotations__
     with pytest.raises(SystemExit):

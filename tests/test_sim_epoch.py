@@ -95,7 +95,7 @@ def test_the_engines_start_at_the_first_rounds_tp_and_only_a_later_switch_costs_
     before = sim.now  # a switch once the run launched: the assumption's seconds, in the step
     sim.set_tensor_parallel(SetTensorParallel(1))
     switch_s = SimConstants().engine.tp_switch_s
-    assert switch_s > 0 and sim.now - before == switch_s and sim.meter.switch_s == switch_s and sim.tp == 1
+    assert switch_s > 0 and sim.now - before == pytest.approx(switch_s) and sim.meter.switch_s == switch_s and sim.tp == 1
 
 
 def test_epoch_cap_refuses_a_run_that_does_not_drain(monkeypatch):
