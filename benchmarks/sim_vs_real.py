@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -52,101 +51,18 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from results_md import write_section  # noqa: E402
+from sim_vs_real_calibrate import GRIDS, calibrate, calibrate_trainer, machine, model_dir  # noqa: E402
 from sim_vs_real_report import headline, profile_line, report, round_rows  # noqa: E402
 
 from rollpacker.core import BatcherConfig  # noqa: E402
 from rollpacker.sim.config import SimConfig  # noqa: E402
 from rollpacker.sim.constants import SimConstants  # noqa: E402
-from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_profile, load_profile  # noqa: E402
+from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_profile  # noqa: E402
 from rollpacker.sim.simulation import Simulation  # noqa: E402
 
 SECTION = "Simulator against real engines"
 QUICK = dict(model="tiny", engine="embedded", policies="sync,tail", seeds="0", steps=6, prompts=8, samples=8,
              max_tokens=128, capacity=64, fit_steps=3, grid="quick")
-GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), repeats=2,
-                       trainer=dict(rows=(2, 16), prompts=(32, 128), responses=(8, 64), repeats=2)),
-         "full": dict(rows=(1, 4, 16, 32, 64), prompts=(32, 256), news=(16, 64, 192), repeats=3,
-                      trainer=dict(rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64), repeats=2)),
-         "gpu": dict(rows=(1, 16, 64, 128), prompts=(64, 512), news=(64, 512), repeats=2,
-                     trainer=dict(rows=(4, 16), prompts=(64, 256), responses=(256, 1024), repeats=2)),
-         "sglang": dict(rows=(1, 4, 8), prompts=(32, 128), news=(16, 64), repeats=2,
-                        trainer=dict(rows=(2, 16), prompts=(32, 128), responses=(8, 64), repeats=2)),
-         "default-model": dict(rows=(1, 4, 8, 16), prompts=(32, 128), news=(8, 32), repeats=2,
-                               trainer=dict(rows=(1, 4), prompts=(32, 96), responses=(8, 32), repeats=1))}
-
-
-# -- the engine and its profile --------------------------------------------------------------------
-
-def model_dir(name: str) -> str:
-    from rollpacker.backends.models import default_model_dir, tiny_random_llama
-
-    return str(tiny_random_llama() if name == "tiny" else default_model_dir() if name == "default" else Path(name))
-
-
-def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
-    """Part 1: the engine's profile (an existing --profile is read instead)."""
-    if args.profile:
-        return load_profile(args.profile)
-    from rollpacker.backends.calibration import Calibration
-    from rollpacker.backends.models import load_model
-
-    model, _ = load_model(model_dir(args.model), dtype=args.dtype, device=args.device)
-    engine, capacity = calibration_engine(args, model, urls)
-    grid = GRIDS[args.grid]
-    print(f"calibrating {args.engine} ({args.model}): {len(grid['rows']) * len(grid['prompts']) * len(grid['news'])} "
-          f"cells x {grid['repeats']}", flush=True)
-    try:
-        cal = Calibration(engine, vocab_size=model.config.vocab_size, seed=0)
-        runs = cal.grid(grid["rows"], grid["prompts"], grid["news"], grid["repeats"])
-        abort_s = cal.abort_s(new=args.max_tokens)
-    finally:
-        engine.close()
-    profile = fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
-                          date=time.strftime("%Y-%m-%d"), max_running=capacity, kv_capacity=capacity * 8192,
-                          abort_s=abort_s, admit_fraction=admit_fraction(args))
-    profile.save(out / "profile.json")
-    print(f"profile: {profile_line(profile)}", flush=True)
-    return profile
-
-
-def calibration_engine(args, model, urls):
-    """(one engine instance as the runs use it, its running-request limit)."""
-    if args.engine == "sglang":
-        from rollpacker.backends.sglang.client import SGLangEngine
-
-        return SGLangEngine(urls[:1], model_config_dir=model_dir(args.model)), args.capacity // len(urls)
-    from rollpacker.backends.embedded.engine import EmbeddedEngine
-
-    columns = max(GRIDS[args.grid]["prompts"]) + max(max(GRIDS[args.grid]["news"]), args.max_tokens)
-    return EmbeddedEngine(model, capacity=args.capacity, kv_tokens_per_row=columns), args.capacity
-
-
-def admit_fraction(args) -> float:
-    """The engine's admission rule (`EngineProfile.admit_fraction`): the embedded engine's default; SGLang
-    admits at every scheduling step (0)."""
-    import inspect
-
-    from rollpacker.backends.embedded.engine import EmbeddedEngine
-
-    return 0.0 if args.engine == "sglang" else inspect.signature(EmbeddedEngine).parameters["admit_fraction"].default
-
-
-def engine_name(args) -> str:
-    if args.engine == "sglang":
-        return "SGLang 0.5.23 (CPU, torch_native, float32)"
-    return f"embedded ({device_name(args.device)}, {args.dtype})"
-
-
-def device_name(device: str) -> str:
-    import torch
-
-    return torch.cuda.get_device_name() if device == "cuda" else "CPU"
-
-
-def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores"
-
-
 # -- real runs --------------------------------------------------------------------------------------
 
 def run_flags(args, policy: str, seed: int, workload: Workload, steps: int, out: Path, urls) -> list[str]:
@@ -231,24 +147,6 @@ def refit(result: dict, out: Path) -> dict:
 def finished(record: dict) -> int:
     """Requests of a step that finished (not aborted)."""
     return sum(1 for q in record["requests"] if q[2] != "abort")
-
-
-def calibrate_trainer(args, micro_batch_tokens: int) -> dict:
-    """Part 2: the reference trainer's micro-batch seconds fitted on a grid of (rows, prompt, response)
-    (`rollpacker.sim.stages.fit_train`), and its optimizer step."""
-    from rollpacker.backends.calibration import time_trainer
-    from rollpacker.sim.stages import fit_train
-    from rollpacker.train.config import parse
-    from rollpacker.train.session import build_trainer
-
-    config = parse(["--model", model_dir(args.model), "--trainer", "torch", "--max-tokens", str(args.max_tokens),
-                    "--micro-batch-tokens", str(micro_batch_tokens), "--device", args.device, "--dtype", args.dtype])
-    trainer = build_trainer(config, Path(model_dir(args.model)))
-    grid = GRIDS[args.grid]["trainer"]
-    timings = time_trainer(trainer, vocab_size=trainer.vocab_size, **grid)
-    fitted = fit_train(timings[:-1])
-    print(f"trainer: {fitted}, optimizer step {timings[-1][3]:.3f} s", flush=True)
-    return fitted | {"optimizer_s": timings[-1][3]}
 
 
 def sim_constants(stages: dict) -> SimConstants:
