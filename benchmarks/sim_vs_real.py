@@ -69,11 +69,13 @@ def run_flags(args, policy: str, seed: int, workload: Workload, steps: int, out:
     flags = ["--model", model_dir(args.model), "--trainer", "torch", "--policy", policy, "--seed", str(seed),
              "--steps", str(steps), "--prompts", str(args.prompts), "--samples", str(args.samples),
              "--max-tokens", str(args.max_tokens), "--dataset-size", str(dataset_size(args)),
-             "--engine-capacity", str(args.capacity), "--colocate", "--reward-workers", "1",
+             "--engine-capacity", str(args.capacity), "--reward-workers", "1",
              "--device", args.device, "--dtype", args.dtype,
              "--replay-lengths", workload.name, "--replay-scale-from", str(workload.scale_from), "--out", str(out)]
-    if urls:
+    if urls:  # (no --colocate: SGLang's memory release needs a GPU package; on a CPU it stopped the server)
         flags += ["--rollout", "sglang", "--sglang-urls", *urls]
+    else:
+        flags += ["--colocate"]
     return flags
 
 
@@ -149,14 +151,14 @@ def finished(record: dict) -> int:
     return sum(1 for q in record["requests"] if q[2] != "abort")
 
 
-def sim_constants(stages: dict) -> SimConstants:
+def sim_constants(stages: dict, stream: bool = False) -> SimConstants:
     """The simulator's constants of the measured run: colocated training with the calibrated trainer, the
     scorer's measured latency, the live path's reward settings, no KV watermark (the engine keeps none)."""
     c = SimConstants()
     train = {k: stages[k] for k in ("micro_batch_overhead_s", "seconds_per_padded_token", "seconds_per_token",
                                     "optimizer_s")}
     return attrs.evolve(
-        c, train=attrs.evolve(c.train, stream=False, **train),
+        c, train=attrs.evolve(c.train, stream=stream, **train),
         reward=attrs.evolve(c.reward, median_s=stages["reward_median_s"], sigma=0.0, hang_rate=0.0, burst_workers=0,
                             workers=1, hedge_after=2.0, hedge_copies=1),
         engine=attrs.evolve(c.engine, admit_watermark=0.0))
@@ -175,7 +177,7 @@ def predict(args, profile_path: Path, policy: str, seed: int, workload: Workload
                        engine_profile=str(profile_path), bubble_capacity=args.capacity)
     lengths = prompt_lengths(args, seed)
     replay = ReplayOptions(replay_lengths=workload.name, replay_scale_from=workload.scale_from)
-    sim = Simulation(config, sim_constants(stages), workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
+    sim = Simulation(config, sim_constants(stages, stream=args.engine == "sglang"), workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
                      batcher=BatcherConfig(token_budget=micro_batch_tokens))
     return sim.run()["steps"]
 

@@ -66,7 +66,7 @@ def report(result: dict) -> str:
              f"{a.model}; machine {result['machine']}; {result['date']}.  Check workload {a.workload} ({a.scale_from} "
              f"trace tokens -> {a.max_tokens}); fit workload {a.fit_workload} ({a.fit_scale_from} -> {a.max_tokens}); "
              f"P={a.prompts} R={a.samples}, engine capacity {a.capacity}, {a.steps} steps a run (step 0 a warm-up, left "
-             f"out), training colocated." + (" The profile and every prediction were made again from these "
+             f"out), training " + ("streamed beside the rollout (the servers are processes of their own)" if a.engine == "sglang" else "colocated") + "." + (" The profile and every prediction were made again from these "
              "measurements (`--report DIR --refit`) after the latency model's terms were fixed." if result.get("refit")
              else ""), "",
              f"Profile (decode and prefill fitted on the calibration grid, event_s on the fit workload's sync run): "
