@@ -23,6 +23,7 @@ import numpy as np
 
 from field_rows import HEADER, ROLLOUT, STEP, backlog, best_sync, med, ratios, row, run_totals, spread
 from results_md import write_section
+from sim_vs_real_report import rests_on
 from rollpacker.sim import PAPER_SETTINGS, SimConfig, SimConstants, Simulation
 
 BASE = SimConstants()
@@ -200,17 +201,6 @@ def _name(label: str, runs: list[dict]) -> str:
     return label + (f" (TP{runs[0]['tp']})" if POLICIES[label][3] == "best" else "")
 
 
-def rests_on() -> str:
-    """What the headline rests on: its latency model and its reward setting."""
-    r = SPEC.reward
-    return ("  What it rests on: the H100 latency model of rollpacker/sim/constants.py (published measurements, not "
-            "fitted to a GPU we ran: no GPU engine profile yet); the reward setting the reference trainer uses too, "
-            f"hedge after {r.hedge_after:g} s, {r.hedge_copies} cop{'y' if r.hedge_copies == 1 else 'ies'}, "
-            f"{r.burst_workers} extra workers (section \"One reward setting\").  How far to trust the latency model: "
-            "on the engines we ran (CPU), a profile fitted to each predicted the sync/tail step ratio within 0.7-8.4% "
-            "and a round's rollout within 4.5-32% (section \"Simulator against real engines\").")
-
-
 def verdicts(results: dict) -> list[str]:
     def per_seed(workload, between, setting, label, over, key=STEP):
         block = (workload, between, setting)
@@ -234,7 +224,7 @@ def verdicts(results: dict) -> list[str]:
         out.append("  Stages, s per P trained (median over seeds): " + "; ".join(
             f"*{label}* " + ", ".join(f"{stage} {med(results[head + (label,)], key):.1f}" for stage, key in STAGES)
             for label in (OURS_BEST, "sync, same engine")) + ".")
-        out.append(rests_on())
+        out.append(rests_on(SPEC.reward))
     bad = [k for k, runs in results.items() if backlog(runs)]
     out.append(f"- **no backlog at the end of the window, every policy, workload and seed**: "
                f"{'met' if not bad else 'missed: ' + ', '.join(map(str, bad))}.")

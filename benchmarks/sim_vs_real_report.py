@@ -4,7 +4,9 @@ run's result (its `result.json`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+from pathlib import Path
 
 from rollpacker.sim.engine_profile import EngineProfile
 
@@ -101,3 +103,27 @@ def headline(result: dict, policy: str = "tail") -> str:
     return f"sim vs real: sync/{policy} measured {measured:.2f} predicted {predicted:.2f} (error {error(measured, predicted):+.1%})"
 
 
+
+
+MEASURED = Path(__file__).resolve().parent / "sim_vs_real"
+"""The committed measurements of benchmarks/sim_vs_real.py, one JSON result per engine and model."""
+
+
+def rests_on(reward) -> str:
+    """The headline's line of what it rests on: its latency model, its reward setting (`reward`, the simulator's
+    RewardConstants), and how well profiles fitted to the engines we ran predicted them (from the committed
+    measurements)."""
+    ratios, rounds = [], []
+    for path in sorted(MEASURED.glob("*.json")):
+        result = json.loads(path.read_text())
+        summary = summarize({(p, int(s)): rows for p, s, rows in result["runs"]})
+        rounds += [s["round_error"] for s in summary.values()]
+        ratios += [abs(error(*s["ratio"])) for (p, _), s in summary.items() if p == "tail" and "ratio" in s]
+    copies = f"{reward.hedge_copies} cop{'y' if reward.hedge_copies == 1 else 'ies'}"
+    return ("  What it rests on: the H100 latency model of rollpacker/sim/constants.py (published measurements, not "
+            "fitted to a GPU we ran: no GPU engine profile yet); the reward setting the reference trainer uses too, "
+            f"hedge after {reward.hedge_after:g} s, {copies}, {reward.burst_workers} extra workers (section \"One reward "
+            f"setting\").  How far to trust the latency model: on the engines we ran ({len(list(MEASURED.glob('*.json')))}"
+            f" CPU settings), a profile fitted to each predicted the sync/tail step ratio of a seed within "
+            f"{min(ratios):.1%}-{max(ratios):.1%} and a run's rounds within {min(rounds):.1%}-{max(rounds):.1%} (median "
+            "error; section \"Simulator against real engines\").")

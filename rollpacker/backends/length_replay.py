@@ -47,7 +47,6 @@ class LengthReplay:
         self._targets: dict[str, Target] = {}
         self._prefixes: dict[tuple[str, tuple[int, ...]], int] = {}
         """(group, response tokens so far) of an aborted request -> its sample's total: a resume's length."""
-        self.launched = 0
 
     def __getattr__(self, name: str):  # everything else is the engine's (weight sync, stats, drafts)
         if name == "engine":
@@ -59,9 +58,7 @@ class LengthReplay:
         return self.engine.capacity
 
     def submit(self, requests: Sequence[GenerationRequest]) -> None:
-        replayed = [self._replayed(r) for r in requests]
-        self.engine.submit(replayed)
-        self.launched += len(replayed)
+        self.engine.submit([self._replayed(r) for r in requests])
 
     def _replayed(self, request: GenerationRequest) -> GenerationRequest:
         prompt = prompt_index(request)
