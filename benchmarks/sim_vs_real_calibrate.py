@@ -13,7 +13,7 @@ from sim_vs_real_report import profile_line
 from rollpacker.sim.engine_profile import EngineProfile, fit_profile, load_profile
 
 GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), repeats=2,
-                       trainer=dict(rows=(2, 16), prompts=(32, 128), responses=(8, 64), repeats=2)),
+                       trainer=dict(rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64, 128), repeats=2)),
          "full": dict(rows=(1, 4, 16, 32, 64), prompts=(32, 256), news=(16, 64, 192), repeats=3,
                       trainer=dict(rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64), repeats=2)),
          "gpu": dict(rows=(1, 16, 64, 128), prompts=(64, 512), news=(64, 512), repeats=2,
