@@ -47,6 +47,7 @@ try:
     from rollpacker.train.outputs import LOCK_HOLDER_ENV, RunDir
     from rollpacker.train.progress import Phases, StageBars, epoch_line, step_line
     from rollpacker.train.ranks import on_rank0
+    from rollpacker.train.run_paths import absolute_paths, followed, link_latest, new_run_path
     from rollpacker.train.registry import check_registered
     from rollpacker.train.session import Session, follower_main, init_distributed_env
 except ModuleNotFoundError as _exc:
@@ -69,6 +70,14 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     config = parse(argv)
     rank, world = init_distributed_env()
+    fresh = config.resume is None and "out" not in given_flags(argv)
+    if fresh:  # each run a directory of its own, runs/latest linked to the newest (README: make train)
+        if world > 1:
+            raise ConfigError("under torchrun every rank must write to the same run directory: name it with --out")
+        config.out = new_run_path()
+        argv = [*argv, "--out", str(config.out)]  # --nproc's ranks write there too
+    if config.resume is None:
+        absolute_paths(config)  # kept as the run's config: a resume from another directory finds them
     if world > 1:  # under torchrun, on one node or several (README: Multi-node)
         config.check_dist_timeout()  # the process group's timeout, before it is made
         start_ranks(config.resume or config.out, "--resume" if config.resume else "--out", config.dist_timeout_s)
@@ -79,7 +88,7 @@ def main(argv: list[str]) -> int:
         config.nproc = world  # torchrun's nodes x processes per node (it refuses a --nproc after the script)
     config.validate()  # bad flags fail here, before any model is loaded
 
-    if not on_rank0(lambda: ready_to_train(config)):  # rank 0's checks of --out stop every rank alike
+    if not on_rank0(lambda: ready_to_train(config, link=fresh)):  # rank 0's checks of --out stop every rank alike
         return 0
     if rank > 0:
         follower_main(config)
@@ -102,10 +111,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def ready_to_train(config: RunConfig) -> bool:
+def ready_to_train(config: RunConfig, link: bool = False) -> bool:
     """Rank 0 takes --out (not writable, or in use: one line naming it, before any model loads),
-    checks the other directories it will write, and says whether there is a step to train."""
+    checks the other directories it will write, and says whether there is a step to train; a run
+    without --out then becomes runs/latest (`link`)."""
     run_dir = RunDir(config.out).lock()
+    note = link_latest(run_dir.path) if link else None
+    if note:
+        print(note)
     if not has_work(config, run_dir):
         return False
     if config.rollout == "sglang":  # --weight-sync disk:DIR can be written
@@ -161,7 +174,9 @@ def resumed_config(flags: RunConfig, argv: list[str]) -> RunConfig:
         elif isinstance(value, list):
             value = tuple(value)
         setattr(config, key, value)
-    config.out, config.resume = Path(flags.resume), Path(flags.resume)
+    config.out = config.resume = followed(Path(flags.resume))  # runs/latest: the run it links to now
+    absolute_paths(config)  # a run saved with relative paths: as its resume from here reads them
+    absolute_paths(flags)
     given = given_flags(argv)
     for name in given - set(RESUME_MAY_CHANGE):
         old, new = _field(config, name), _field(flags, name)

@@ -78,7 +78,7 @@ class RunConfig:
     seed: int = 0
     """Seed of the dataset, the epoch order, sampling and the trainer."""
     out: Path = Path("runs/latest")
-    """Run directory: metrics.jsonl, TensorBoard events, plots, checkpoints, resumable state."""
+    """Run directory: metrics.jsonl, TensorBoard events, plots, checkpoints, state (default: new runs/<date-time>, runs/latest links it)."""
     resume: Path | None = None
     """Continue the run in this directory after a kill (its config is reused; --steps may grow)."""
     compare: str | None = None
