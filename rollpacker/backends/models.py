@@ -12,6 +12,7 @@ default tokenizer, for tests that need a real model but not a good one.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -86,18 +87,41 @@ def save_once(model, tokenizer, target: Path) -> Path:
     """Save `model` and `tokenizer` as `target` unless another process got there first.  Written to
     a temporary sibling and renamed, so a concurrent or killed conversion never leaves a half-written
     directory that `is_converted` would accept; the loser of a race removes its copy (the default
-    model's is half a gigabyte)."""
+    model's is half a gigabyte), so does a save stopped by Ctrl-C or an error, and a copy left by a
+    killed process (its PID in the name, no longer running) is removed by the next save."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    remove_orphan_copies(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{target.name}.{os.getpid()}.", dir=target.parent))
     try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():
             raise
+    except BaseException:  # Ctrl-C, SIGTERM, a failed save: no half-written copy stays in the cache
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return target
+
+
+def remove_orphan_copies(target: Path) -> None:
+    """Remove the temporary copies of `target` whose writer (the PID in their name) is gone."""
+    for path in target.parent.glob(f"{glob.escape(target.name)}.*.*"):
+        pid = path.name[len(target.name) + 1:].split(".")[0]
+        if path.is_dir() and pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def read_config_json(directory: str | os.PathLike) -> dict:
@@ -180,7 +204,4 @@ def tiny_random_llama(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_once(model, tokenizer, directory)
