@@ -39,7 +39,7 @@ def missing_package(exc: ModuleNotFoundError) -> int:
 
 
 try:
-    from rollpacker.core.errors import ConfigError, RollpackerError
+    from rollpacker.core.errors import BackendError, ConfigError, RollpackerError
     from rollpacker.plugins import SAVED_KEY
     from rollpacker.train.config import SECTIONS, RunConfig, parse
     from rollpacker.train.launch import launch_local
@@ -106,6 +106,10 @@ def main(argv: list[str]) -> int:
         print(interrupted_line(config, run_dir, "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"),
               file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+    except BackendError as exc:  # e.g. the only rollout server died mid-round: the saved state resumes
+        step = None if config.compare else run_dir.saved_step()
+        raise BackendError(f"{exc}" + (f" (--resume {run_dir.path} continues from step {step} once it is fixed)"
+                                    if step is not None else "")) from exc
     print(f"\noutputs in {run_dir.path}/: metrics.jsonl, tensorboard/, timeline.png, summary.png, "
           f"checkpoints/ (HF safetensors), state/ (resume with --resume {run_dir.path})")
     return 0

@@ -320,3 +320,24 @@ def test_a_reward_function_that_exits_or_returns_none_stops_the_run_naming_it(ti
 def test_hf_checkpoint_files_are_readable_by_others(finished_run):
     weights = finished_run / "checkpoints" / "step_1" / "model.safetensors"
     assert weights.stat().st_mode & 0o044 == 0o044
+
+
+# -- the only rollout server dies mid-run ---------------------------------------------------------
+
+@pytest.mark.timeout(500)
+def test_the_only_server_dying_mid_run_is_one_line_naming_it_and_the_resume(tiny_model, tmp_path):
+    """kill -9 of the one `rollpacker serve` after a step was saved: one line naming the server and
+    `--resume DIR` (as the Ctrl-C line does), exit 2, no traceback."""
+    from sglang_helpers import launch
+
+    out = tmp_path / "run"
+    with launch("rollpacker", str(tiny_model), 1) as group:
+        (server,) = group.servers
+        proc = start_train("--preset", "tiny_debug", "--model", tiny_model, "--trainer", "torch", "--out", out,
+                           "--steps", 50, "--rollout", "sglang", "--sglang-urls", server.url)
+        wait_for_saved_step(out, 1, proc, timeout_s=300)
+        server.kill()
+        _, stderr = proc.communicate(timeout=200)
+    proc.stderr = stderr
+    step = RunDir(out).saved_step()
+    assert_one_clear_line(proc, 2, server.url, f"--resume {out} continues from step {step}")

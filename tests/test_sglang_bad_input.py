@@ -39,7 +39,7 @@ def test_unreachable_url_fails_fast_naming_it():
 @pytest.mark.timeout(60)
 def test_model_the_server_does_not_have(server):
     url, model = server
-    with pytest.raises(ServerRejected, match=f"{url}.*not the expected 'other/model'"):
+    with pytest.raises(ServerRejected, match=f"{url} serves model .*, not the expected 'other/model'"):
         SGLangEngine([url], expected_model="other/model", http=FAST)
     with SGLangEngine([url], expected_model=model, http=FAST) as eng:
         with pytest.raises(ServerRejected, match=f"{url}.*update_weights_from_disk"):

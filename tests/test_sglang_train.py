@@ -16,6 +16,7 @@ from sglang_helpers import KINDS, collect, request, tiny_model
 from test_faults import start_train, trained_keys, wait_for_saved_step
 from test_reference_train import records, run_train
 
+from rollpacker.backends.models import tiny_random_llama
 from rollpacker.backends.sglang.client import SGLangEngine
 from rollpacker.train.outputs import RunDir
 
@@ -64,6 +65,24 @@ def servers_match_the_checkpoint(servers, model: str, checkpoint) -> None:
             engine.submit([request(900 + k, max_new=NUM_NEW)], server=url)
         results, _ = collect(engine, len(engine.urls), timeout_s=120)
     assert [results[f"rp{900 + k:012d}"].token_ids for k in range(len(servers.urls))] == [want] * len(servers.urls)
+
+
+@pytest.mark.timeout(300)
+def test_a_server_serving_another_model_is_one_line_naming_both_and_no_weight_moves(servers, model, tmp_path):
+    """--model with other shapes than the servers' model: refused before any weight moves (it used to crash
+    the server on the first disk sync, or leave it partly overwritten with nccl); a checkpoint of the same
+    shapes at another path is the same model (its weights replace the servers' at the first sync)."""
+    other = tiny_random_llama(tmp_path / "other", hidden_size=32)
+    same_shapes = tiny_random_llama(tmp_path / "ckpt", seed=1)
+    before = weight_versions(servers)
+    proc = run_train(*train_args(str(other), servers, tmp_path / "run", "sync", steps=1), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert f"serves model {model!r}, not the expected {str(other)!r}: hidden_size 64 (expected 32)" in line, line
+    assert weight_versions(servers) == before
+    with SGLangEngine(servers.urls, expected_model=str(same_shapes)) as engine:  # accepted: the same shapes
+        engine.submit([request(0, max_new=4)])
+        assert len(collect(engine, 1)[0]["rp000000000000"].token_ids) == 4
 
 
 @pytest.mark.timeout(900)

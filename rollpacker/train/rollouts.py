@@ -110,7 +110,8 @@ class SGLangRollout:
         if self.weights_dir is not None:
             print(f"--weight-sync {self.weight_sync}: each step's weights are written there as safetensors; "
                   f"only the newest copy is kept (one model's weights)", flush=True)
-        engine = SGLangEngine(list(self.sglang_urls), model_config_dir=context.model_dir, weights_dir=self.weights_dir)
+        engine = SGLangEngine(list(self.sglang_urls), model_config_dir=context.model_dir, weights_dir=self.weights_dir,
+                              expected_model=str(context.model_dir))  # another model: one line, no weight moved
         if self.weight_sync == "nccl":
             import torch
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import resource
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,6 +22,7 @@ from attrs import define, field
 
 from rollpacker.backends.errors import SGLangError, ServerRejected, ServerUnavailable
 from rollpacker.backends.sglang.http import HttpConfig, ServerClient
+from rollpacker.backends.sglang.served_model import model_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +198,9 @@ class ServerPool:
         async def check(server: PooledServer) -> None:
             await server.client.health()
             info = await server.client.model_info()
-            if expected_model is not None and not serves_model(expected_model, info):
-                raise ServerRejected(
-                    f"server {server.url} serves model {info['model_path']!r}, not the expected {expected_model!r}")
+            mismatch = None if expected_model is None else model_mismatch(expected_model, info)
+            if mismatch is not None:  # before any weight moves: the server is left as it is
+                raise ServerRejected(f"server {server.url} {mismatch}")
             settings = await server.client.server_info()
             server.capacity = capacity_per_server or running_limit(settings)
             if server.capacity is None:
@@ -238,15 +238,3 @@ def running_limit(settings: dict) -> int | None:
     per_dp = [st.get("effective_max_running_requests_per_dp") for st in states or () if isinstance(st, dict)]
     per_dp = [n for n in per_dp if isinstance(n, int) and n > 0]
     return sum(per_dp) if per_dp else None
-
-
-def serves_model(expected: str, info: dict) -> bool:
-    """Whether /model_info names `expected`: its model_path, or its tokenizer_path (after
-    /update_weights_from_disk SGLang reports the new weights' directory as model_path; the tokenizer
-    stays the one it was started with)."""
-    return any(_same_model(expected, str(info[key])) for key in ("model_path", "tokenizer_path") if info.get(key))
-
-
-def _same_model(expected: str, reported: str) -> bool:
-    norm = lambda p: os.path.normpath(p.rstrip("/"))  # noqa: E731
-    return norm(expected) == norm(reported) or os.path.basename(norm(expected)) == os.path.basename(norm(reported))
