@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollpacker.plots.summary import plot_step_summary, wasted_share
-from rollpacker.plots.timeline import EngineTrace, StepTimeline, plot_step_timeline, step_to_draw, total_trace
+from rollpacker.plots.timeline import (EngineTrace, StepTimeline, draw_step_timeline, plot_step_timeline, step_to_draw,
+                                       total_trace)
 
 
 def random_step(num_requests: int, engines: int, seed: int = 0) -> StepTimeline:
@@ -74,6 +75,45 @@ def test_a_step_with_training_spans_draws_the_trainers_lane(tmp_path):
     plain = png_shape(plot_step_timeline(step, tmp_path / "plain.png"))
     lane = png_shape(plot_step_timeline(attrs.evolve(step, training=spans), tmp_path / "lane.png"))
     assert lane[0] > plain[0] and lane[1] == plain[1], "one more lane, same width"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("requests", [24, 800])
+def test_the_timeline_says_wasted_as_the_record_does_and_its_legends_overlap_nothing(requests):
+    """The record's wasted_tokens is aborted + finished-not-trained: the token bar's caption says that
+    figure (it said "wasted" for the second part alone); each fate and each shade of the trainer's lane
+    has a legend entry; no legend or caption overlaps another panel, another legend or a caption."""
+    import matplotlib.pyplot as plt
+
+    step = random_step(requests, engines=1)
+    end = step.round_end
+    spans = ((0.5, 4.0, "micro-batch 0"), (4.0, 9.0, "micro-batch 1"), (end + 1, end + 2, "optimizer step"))
+    fig = draw_step_timeline(attrs.evolve(step, training=spans, tokens={"kept": 411, "aborted": 510, "wasted": 79}))
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        trainer, tokens = fig.axes[1], fig.axes[2]
+        assert "wasted 589 (aborted 510 + not trained 79)" in tokens.get_xlabel()
+        assert not [t.get_text() for t in tokens.texts if t.get_text().startswith("wasted")]
+        assert [t.get_text().split(":")[0] for t in tokens.get_legend().get_texts()] == ["kept", "aborted", "not trained"]
+        assert [t.get_text() for t in trainer.get_legend().get_texts()] == ["micro-batch", "next micro-batch",
+                                                                           "optimizer step"]
+        boxes = [(f"axes {k}", ax.get_window_extent(renderer)) for k, ax in enumerate(fig.axes)]
+        boxes += [(f"legend {k}", ax.get_legend().get_window_extent(renderer)) for k, ax in enumerate(fig.axes)
+                  if ax.get_legend() is not None]
+        boxes += [(f"caption {k}", ax.xaxis.label.get_window_extent(renderer)) for k, ax in enumerate(fig.axes)
+                  if ax.get_xlabel()]
+        for text in tokens.texts:  # a fate's figure inside its segment stays inside the bar
+            inside = text.get_window_extent(renderer)
+            assert tokens.get_window_extent(renderer).contains(inside.x1, inside.y1), text.get_text()
+        for i, (name, box) in enumerate(boxes):
+            assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1), f"{name} is cut off"
+            for other, second in boxes[i + 1:]:
+                own = name.split()[1] == other.split()[1] and "axes" in name + other  # a legend inside its panel
+                if not own and (name.startswith("legend") or other.startswith("legend") or "caption" in name + other):
+                    assert not box.overlaps(second), f"{name} overlaps {other}"
+    finally:
+        plt.close(fig)
 
 
 def record(step: int, wasted: int, step_s: float, kind: str = "short") -> dict:

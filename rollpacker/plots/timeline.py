@@ -9,7 +9,8 @@
     training   when the step has training spans: the trainer's lane (each micro-batch and the optimizer
                step as it ran), on the same time axis, so training under the rollout and training
                the step waits for after the round's end read apart
-    tokens     the step's generated tokens split into kept / aborted / wasted / carried
+    tokens     the step's generated tokens split into kept / aborted / not trained / carried (the
+               record's wasted tokens are aborted + not trained, as the caption says)
     requests   one bar per request, only when the step has at most `MAX_REQUEST_ROWS` of them
 
 The figure's size does not depend on the number of requests.  Both the reference trainer
@@ -30,11 +31,14 @@ HEATMAP_BINS = 300
 TRAIN_COLORS = ("tab:green", "yellowgreen")
 """Consecutive micro-batches alternate between these; the optimizer step is dark green."""
 TOKEN_COLORS = {"kept": "tab:green", "aborted": "tab:red", "wasted": "tab:orange", "carried": "tab:purple"}
+TOKEN_LABELS = {"kept": "kept", "aborted": "aborted", "wasted": "not trained", "carried": "carried"}
+"""A token fate's name on the plot: the record's wasted_tokens is aborted + not trained, and the plot
+says so ("wasted" alone named only the second part, a smaller number than the title's)."""
 TOKEN_MEANS = {"kept": "trained this step",
-               "aborted": "partial responses cut off: over-launched requests\nwhose prompt had R, the tail at the round's end",
-               "wasted": "finished, not trained: beyond R, or a prompt\ndeferred to a long round",
+               "aborted": "wasted: cut off mid-response (over-launched, or the tail at the round's end)",
+               "wasted": "wasted: finished, not trained (beyond R, or deferred to a long round)",
                "carried": "kept for a later step (partial rollouts)"}
-"""What each token fate means, beside the token bar (aborted + wasted are the record's wasted_tokens)."""
+"""What each token fate means, in the token bar's legend."""
 REQUEST_COLORS = {**TOKEN_COLORS, "running": "tab:gray"}
 
 
@@ -116,6 +120,16 @@ def total_trace(engines: Sequence[EngineTrace]) -> EngineTrace:
 
 
 def plot_step_timeline(timeline: StepTimeline, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = draw_step_timeline(timeline)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return Path(path)
+
+
+def draw_step_timeline(timeline: StepTimeline):
+    """The figure of `plot_step_timeline` (a matplotlib Figure, the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,7 +139,7 @@ def plot_step_timeline(timeline: StepTimeline, path: Path) -> Path:
     traces = [total_trace(timeline.engines)] if many else list(timeline.engines)
     show_requests = timeline.requests is not None and 0 < len(timeline.requests) <= MAX_REQUEST_ROWS
     show_training = bool(timeline.training)
-    heights = ([2.2] * len(traces) + ([1.8] if many else []) + ([0.6] if show_training else []) + [0.7]
+    heights = ([2.2] * len(traces) + ([1.8] if many else []) + ([0.8] if show_training else []) + [0.7]
                + ([2.6] if show_requests else []))
     fig, axes = plt.subplots(len(heights), 1, figsize=(11, 1.0 + sum(heights)),
                              gridspec_kw={"height_ratios": heights})
@@ -148,9 +162,7 @@ def plot_step_timeline(timeline: StepTimeline, path: Path) -> Path:
         ax.set_xlim(0, timeline.step_end or 1.0)
     axes[0].set_title(timeline.title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return Path(path)
+    return fig
 
 
 def _occupancy(ax, trace: EngineTrace, timeline: StepTimeline, engine: int | None) -> None:
@@ -196,8 +208,11 @@ def _training(ax, timeline: StepTimeline) -> None:
     ax.axvline(timeline.round_end, color="black", ls="--", lw=1)
     ax.set_yticks([])
     ax.set_ylabel("trainer", fontsize=8)
-    ax.text(1.005, 0.5, f"{len(timeline.training)} jobs\nin the rollout {overlapped:.1f} s\nafter it {after:.1f} s",
-            transform=ax.transAxes, fontsize=7, va="center")
+    handles = [_patch(TRAIN_COLORS[0]), _patch(TRAIN_COLORS[1]), _patch("darkgreen")]
+    ax.legend(handles, ["micro-batch", "next micro-batch", "optimizer step"], loc="center left",
+              bbox_to_anchor=(1.005, 0.5), fontsize=6.5, frameon=False, ncol=1, handlelength=1.0,
+              title=f"{len(timeline.training)} jobs: {overlapped:.1f} s in the rollout, {after:.1f} s after",
+              title_fontsize=6.5, alignment="left")
 
 
 def _tokens(ax, tokens: Mapping[str, int]) -> None:
@@ -209,17 +224,26 @@ def _tokens(ax, tokens: Mapping[str, int]) -> None:
             continue
         ax.barh(0, n, left=left, color=color, height=0.8)
         share = n / total
-        if share > 0.06:
-            ax.text(left + n / 2, 0, f"{name} {n:,} ({share:.0%})", ha="center", va="center", fontsize=8)
+        label = f"{TOKEN_LABELS[name]} {n:,} ({share:.0%})"
+        if share > 0.0125 * len(label):  # written inside its segment only where it fits (the legend names it)
+            ax.text(left + n / 2, 0, label, ha="center", va="center", fontsize=8)
         left += n
     ax.set_xlim(0, max(total, 1))
     ax.set_yticks([])
-    shown = [name for name in TOKEN_COLORS if tokens.get(name, 0) > 0 and name != "kept"]
-    if shown:
-        ax.text(1.005, 0.5, "\n".join(f"{name}: {TOKEN_MEANS[name]}" for name in shown), transform=ax.transAxes,
-                fontsize=6.5, va="center")
-    ax.set_xlabel(f"generated tokens this step: {total:,} "
-                  f"({', '.join(f'{k} {tokens.get(k, 0):,}' for k in TOKEN_COLORS if tokens.get(k, 0))})", fontsize=8)
+    shown = [name for name in TOKEN_COLORS if tokens.get(name, 0) > 0]
+    ax.legend([_patch(TOKEN_COLORS[n]) for n in shown], [f"{TOKEN_LABELS[n]}: {TOKEN_MEANS[n]}" for n in shown],
+              loc="center left", bbox_to_anchor=(1.005, 0.5), fontsize=6.5, frameon=False, handlelength=1.0)
+    ax.set_xlabel(token_line(tokens), fontsize=8)
+
+
+def token_line(tokens: Mapping[str, int]) -> str:
+    """The token bar's caption, its wasted figure the record's (aborted + not trained)."""
+    aborted, unused = tokens.get("aborted", 0), tokens.get("wasted", 0)
+    parts = [f"kept {tokens.get('kept', 0):,}",
+             f"wasted {aborted + unused:,} (aborted {aborted:,} + not trained {unused:,})"]
+    if tokens.get("carried", 0):
+        parts.append(f"carried {tokens['carried']:,}")
+    return f"generated tokens this step: {sum(tokens.values()):,}: " + ", ".join(parts)
 
 
 def _requests(ax, timeline: StepTimeline) -> None:
@@ -227,7 +251,7 @@ def _requests(ax, timeline: StepTimeline) -> None:
         stop = end if end is not None else timeline.round_end
         ax.barh(row, stop - start, left=start, color=REQUEST_COLORS.get(outcome, "tab:gray"), height=0.8)
     handles = [_patch(c) for c in REQUEST_COLORS.values()]
-    ax.legend(handles, list(REQUEST_COLORS), loc="lower right", fontsize=7, ncol=5)
+    ax.legend(handles, [TOKEN_LABELS.get(k, k) for k in REQUEST_COLORS], loc="lower right", fontsize=7, ncol=5)
     ax.set_ylabel("request", fontsize=8)
     ax.set_xlabel("seconds since the step began")
 
