@@ -263,7 +263,7 @@ def test_colocated_peak_is_the_trainer_state_plus_the_larger_of_engine_and_train
         separate, colocated = smollm2_plan(**sizes), smollm2_plan(**sizes, colocate=True)
         items = separate.items
         assert colocated.items == items
-        engine = items["engine_weights"] + items["kv_cache"]
+        engine = items["engine_weights"] + items["kv_cache"] + items["prefill"]
         training = items["activations"] + items["logits"]
         assert separate.total == sum(items.values())
         assert colocated.total == items["trainer_state"] + items["cublas_workspace"] + max(engine, training)

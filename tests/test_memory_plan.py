@@ -47,7 +47,8 @@ def test_bfloat16_halves_the_model_sized_items_and_titan_counts_every_logit():
     assert bf16.items["engine_weights"] * 2 == fp32.items["engine_weights"]
     # float32 master weights, gradients and AdamW moments either way, plus autocast's bf16 weight copies
     assert bf16.items["trainer_state"] == 134_515_008 * (4 + 4 + 8 + 2) and bf16.forward_tokens == 6 * 1024
-    assert smollm2_plan(logits_chunk_tokens=None).items["logits"] == 6 * 1024 * 49152 * 4 * LOGITS_COPIES
+    # at response positions only: 6 rows x 768, not the 6 x 1024 padded tokens of the forward
+    assert smollm2_plan(logits_chunk_tokens=None).items["logits"] == 6 * 768 * 49152 * 4 * LOGITS_COPIES
 
 
 @pytest.mark.parametrize("micro_batch_tokens, longest_prompt, measured_peak_gib",
@@ -90,7 +91,8 @@ def test_over_budget_names_the_biggest_item_and_its_flag():
 def test_line_lists_every_item_and_the_total():
     line = smollm2_plan().line()
     assert line.startswith("memory plan (cuda): engine weights 0.50 GiB, trainer state 2.00 GiB, kv cache 11.25 GiB")
-    assert line.endswith("of 80.00 GiB; micro-batches of 4096 response tokens") and "\n" not in line
+    assert line.endswith("of 80.00 GiB; micro-batches of 4096 response tokens, forwards of at most 6144 padded tokens")
+    assert "\n" not in line
 
 
 def test_an_unset_micro_batch_size_is_the_largest_that_fits_the_device():
@@ -198,7 +200,7 @@ def test_cuda_graphs_are_one_float32_logits_buffer_plus_the_largest_forward():
         256 * 49152 * 4 + 2 * 32 * 2**20 + 4 * 2**20 * 14 * 4 + 256 * (3 * 9 * 1024 * 4 + (3 * 1536 + 4 * 576) * 4)
     # colocated, the graphs go with the engine's weights
     colocated = smollm2_plan(spec_max_rows=4, spec_tokens=4, cuda_graphs=True, colocate=True)
-    engine = sum(plan.items[k] for k in ("engine_weights", "kv_cache", "cuda_graphs"))
+    engine = sum(plan.items[k] for k in ("engine_weights", "kv_cache", "prefill", "cuda_graphs"))
     assert colocated.total == plan.items["trainer_state"] + plan.items["cublas_workspace"] + max(
         engine, plan.items["activations"] + plan.items["logits"])
     assert "cuda_graphs" not in smollm2_plan().items
@@ -297,7 +299,7 @@ def test_host_items_runtime_and_the_state_save_in_turn_with_the_training():
     plan = smollm2_plan(device="cpu", host_runtime=GIB // 2)
     items = plan.items
     assert items["runtime"] == GIB // 2 + RUNTIME_GROWTH and items["state_save"] == 134_515_008 * STATE_SAVE_BYTES
-    engine = items["engine_weights"] + items["kv_cache"]
+    engine = items["engine_weights"] + items["kv_cache"] + items["prefill"]
     training = items["activations"] + items["logits"]
     resident = items["trainer_state"] + items["runtime"]
     assert plan.total == resident + engine + max(training, items["state_save"]) < sum(items.values())
@@ -324,7 +326,8 @@ def test_each_component_answers_the_plan_for_itself():
     titan = plan_run_memory(RunConfig(trainer="titan", **sizes), model_dir, Prompts(), "cpu")
     assert {"engine_weights", "kv_cache"} <= set(embedded.items) and not {"engine_weights", "kv_cache"} & set(served.items)
     assert titan.forward_tokens == embedded.forward_tokens > LOGITS_CHUNK_TOKENS
-    assert titan.items["logits"] * LOGITS_CHUNK_TOKENS == embedded.items["logits"] * titan.forward_tokens
+    responses = titan.forward_tokens // (3 + 400) * 400  # the LM head runs at response positions only
+    assert titan.items["logits"] * LOGITS_CHUNK_TOKENS == embedded.items["logits"] * responses
 
 
 def test_an_unset_micro_batch_size_is_the_cpus_256_in_the_runs_plan():
@@ -371,3 +374,75 @@ def test_the_host_peak_is_the_probes_own_not_its_parents():
                           timeout=60, env={**__import__("os").environ, "PYTHONPATH": str(tests)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 64 << 20 <= int(proc.stdout.split()[-1]) < 256 << 20, proc.stdout
+
+
+# -- the plan does not balloon as responses shrink (a micro-batch holds at most a step's samples) --------
+
+def _fitted_plan(prompt_tokens: int, max_tokens: int, prompts: int, samples: int, budget_gib: float, **sizes):
+    """What plan_run_memory picks for the default model on the CPU (TorchTitan: every logit at once)."""
+    from rollpacker.train.memory_plan import forward_row_choices, micro_batch_rows
+
+    step_rows = prompts * samples
+    common = dict(dtype="float32", engine_capacity=sizes.get("engine_capacity", 8), prompt_tokens=prompt_tokens,
+                  max_tokens=max_tokens, micro_batch_tokens=256, logits_chunk_tokens=None, budget=int(budget_gib * GIB),
+                  device="cpu", host_runtime=GIB // 2, step_rows=step_rows)
+    rows = micro_batch_rows(256, max_tokens, step_rows)
+    return fitted(plan_memory(ModelShape.from_config(SMOLLM2_135M), forward_rows=r, **common)
+                  for r in forward_row_choices(rows))
+
+
+def test_a_one_token_response_plans_the_rows_a_step_has_not_256():
+    """--max-tokens 1 on the default model was refused needing 113 GiB: 256 rows of one response token,
+    every logit of their prompts counted.  A step of `make train` (P x R) has 32."""
+    default = RunConfig()
+    plan = _fitted_plan(100, 1, default.prompts, default.samples, budget_gib=20, engine_capacity=default.engine_capacity)
+    assert plan.forward_tokens == default.prompts * default.samples * 101
+    assert plan.total < 8 * GIB, plan.line()
+    plan.check()
+
+
+def test_a_long_prompt_halves_a_forwards_rows_until_it_fits_not_refused():
+    """A 3,000-token prompt (P=2, R=2, 16 tokens) was refused at 115.7 GiB: 16 rows of 3,016 tokens and
+    every position's logits.  Now 4 rows at most (the step's), logits at the 16 response positions, and on
+    a smaller machine fewer rows a forward (the trainer splits the micro-batch: the same gradient)."""
+    roomy = _fitted_plan(3000, 16, 2, 2, budget_gib=64)
+    assert roomy.forward_tokens == 4 * 3016 and roomy.items["logits"] == 4 * 16 * 49152 * 4 * LOGITS_COPIES
+    tight = _fitted_plan(3000, 16, 2, 2, budget_gib=12)
+    assert tight.forward_tokens < roomy.forward_tokens and tight.total <= 12 * GIB, tight.line()
+    tight.check()
+    assert _fitted_plan(3000, 16, 2, 2, budget_gib=4).forward_tokens == 3016  # one row: the least it can be
+
+
+_LONG_PROMPT_ROWS = 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("case", ["one-token responses", "3000-token prompt"])
+def test_the_plan_covers_the_measured_peak_of_a_run_that_used_to_balloon(tmp_path, case):
+    """The two runs the plan refused (issue: --max-tokens 1, and a 3,000-token prompt at P=2, R=2, 16
+    tokens), on a 4-layer tiny Llama: each trains, and its plan covers the process's measured peak."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from test_reference_train import ROOT, TRAIN
+
+    from rollpacker.backends.models import tiny_random_llama
+
+    model = tiny_random_llama(tmp_path / "model", num_layers=4, hidden_size=256, max_position_embeddings=4096)
+    args = ["--preset", "tiny_debug", "--model", model, "--device", "cpu", "--steps", 1, "--out", tmp_path / "run"]
+    if case == "one-token responses":
+        args += ["--max-tokens", 1]
+    else:
+        rows = [{"question": "count the words: " + "word " * 3000, "answer": "3000"} for _ in range(_LONG_PROMPT_ROWS)]
+        (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        args += ["--dataset", tmp_path / "long.jsonl", "--prompt-key", "question", "--answer-key", "answer"]
+    proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = re.search(r"^memory plan \(cpu\): (.*); total ([0-9.]+) GiB", proc.stdout, re.M)
+    peak = int(re.search(r"^peak_rss_kib (\d+)", proc.stdout, re.M).group(1)) * 1024
+    print(f"{case}: {plan.group(0)}; measured peak {peak / GIB:.2f} GiB")
+    assert float(plan.group(2)) * GIB >= peak, f"plan {plan.group(0)} below the measured peak {peak / GIB:.2f} GiB"

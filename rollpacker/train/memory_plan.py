@@ -14,6 +14,8 @@ micro-batch):
   (`kv_tokens_per_row`; a verify forward may write spec_tokens past a row's end, so they are counted
   when the engine speculates: spec_max_rows > 0, by default on CUDA only), so it never grows;
   `cuda_peak_gib` in each step record on CUDA is the measured peak to compare with;
+- prefill: the engine's largest prefill (its budget of `MAX_PREFILL_TOKENS` prompt tokens, or one
+  longer prompt) holds about `PREFILL_COPIES` layers' activations (the formula below) while it runs;
 - CUDA graphs (on CUDA, unless --no-cuda-graphs): the engine captures one decode graph per key of
   `buckets.graph_keys` (rows bucket x tokens per row x columns bucket of 256, verify widths
   included), the largest forward first; all write one float32 logits buffer as wide as the widest
@@ -27,15 +29,18 @@ micro-batch):
   about 6 x hidden; k and v; the MLP's gate, up, activation and product make 4 x ffn; fused or
   memory-efficient attention saves no score matrix); under bfloat16 (autocast over float32 weights)
   more than 2 bytes an element, measured;  T = rows x (prompt + max_tokens), rows = ceil(micro_batch_tokens
-  / max_tokens): the micro-batch's responses at full length, each with its prompt, padded.  T is also
+  / max_tokens) but at most P x R (a step's samples: a micro-batch holds no more): the micro-batch's
+  responses at full length, each with its prompt, padded; where that does not fit (long prompts), the
+  rows of one forward are halved until it does (`forward_row_choices`).  T is also
   `forward_tokens`, the trainer's `max_forward_tokens`: a micro-batch is budgeted by response tokens,
   so many short responses beside a long one would pad to far more (rows x longest row); the trainer
   splits such a micro-batch into forwards of at most T padded tokens, so T is what one forward holds;
 - logits: `LOGITS_COPIES` float32 tensors of logits size for the positions computed at once (the
   logits, their log-softmax, its exp, the entropy's product, and in backward their gradients:
   measured 5.5-5.8 on CPU, tests/test_memory_plan.py): one chunk of `LOGITS_CHUNK_TOKENS` for the
-  torch trainer (it computes log-probs chunk by chunk), all T for TorchTitan's.  Both run the LM head
-  at response positions only, fewer than T when prompts are long; the plan keeps T, a bound.
+  torch trainer (it computes log-probs chunk by chunk), all of a forward's for TorchTitan's.  Both run
+  the LM head at response positions only: rows x max_tokens positions, not T (with a 3,000-token
+  prompt and 16-token responses T counted 189 times the logits there are).
 - runtime (on the CPU, where the budget is the machine's RAM): what the process holds before any
   weights load (the interpreter, torch, transformers, TorchTitan, the tokenized dataset), measured
   when the plan is made (`resident_bytes`, about 0.46 GiB for `make train`), plus `RUNTIME_GROWTH`;
@@ -58,6 +63,7 @@ import math
 from dataclasses import dataclass
 
 from rollpacker.backends.embedded.buckets import COL_MULTIPLE, GraphKey, graph_keys
+from rollpacker.backends.embedded.scheduler import MAX_PREFILL_TOKENS
 from rollpacker.core.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -77,7 +83,11 @@ STATE_SAVE_BYTES = 24
 """Host bytes per parameter while the trainer's state is saved (torch.distributed.checkpoint stages and
 serializes the float32 weights and AdamW's two moments: about two copies of their 12 bytes; measured
 ~3.1 GiB above the state at SmolLM2-135M on the CPU)."""
-ENGINE_ITEMS = ("engine_weights", "kv_cache", "cuda_graphs")
+PREFILL_COPIES = 1.5
+"""A prefill's transients in units of one layer's activations (the activations formula's per-token size
+x the prefill's tokens): measured 1.1-1.4 beside the KV cache on the CPU (a 3,000-token prompt, the tiny
+4-layer Llama and SmolLM2-135M, torch 2.13)."""
+ENGINE_ITEMS = ("engine_weights", "kv_cache", "prefill", "cuda_graphs")
 """Freed while the trainer runs, colocated (the graphs are dropped with the weights)."""
 TRAINING_ITEMS = ("activations", "logits")
 """Held only while the trainer runs."""
@@ -85,6 +95,7 @@ SAVE_ITEMS = ("state_save",)
 """Held only while the state is saved, after the optimizer step: in turn with the training's items."""
 # the flag that shrinks each item, for the error message
 FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "--model (a smaller one)", "kv_cache": "--engine-capacity or --max-tokens",
+                "prefill": "--engine-capacity (or shorter prompts)",
                 "cuda_graphs": "--engine-capacity or --max-tokens (or pass --no-cuda-graphs)",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
 
@@ -167,7 +178,8 @@ class MemoryPlan:
         mode = " (colocated: the engine's items and the training's in turn)" if self.colocated else \
             (" (the state save and the training's items in turn)" if "state_save" in self.items else "")
         return (f"memory plan ({self.device}): {parts}; total {_gib(self.total)}{mode} of {_gib(self.budget)}; "
-                f"micro-batches of {self.micro_batch_tokens} response tokens")
+                f"micro-batches of {self.micro_batch_tokens} response tokens, forwards of at most {self.forward_tokens} "
+                f"padded tokens")
 
     def check(self) -> None:
         """ConfigError naming the biggest item and the flag to lower when the total exceeds the budget."""
@@ -185,23 +197,30 @@ class MemoryPlan:
 def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_tokens: int, max_tokens: int,
                 micro_batch_tokens: int, budget: int, device: str, logits_chunk_tokens: int | None = None,
                 with_engine: bool = True, spec_max_rows: int = 0, spec_tokens: int = 0, cuda_graphs: bool = False,
-                host_runtime: int = 0, colocate: bool = False) -> MemoryPlan:
+                host_runtime: int = 0, colocate: bool = False, step_rows: int | None = None,
+                forward_rows: int | None = None) -> MemoryPlan:
     """The plan's items in bytes (the module docstring gives each formula); `with_engine` False leaves
     out the engine's items (rollout on SGLang servers); `logits_chunk_tokens`: the trainer computes
     log-probs this many positions at a time (None: a whole forward's at once); spec_max_rows: the engine's speculation
     threshold as it resolves it (0: off), spec_tokens its drafts per row; cuda_graphs: the engine
-    captures decode graphs (on CUDA); `colocate`: --colocate's peak."""
+    captures decode graphs (on CUDA); `colocate`: --colocate's peak; `step_rows`: the samples a step
+    trains (P x R), the most a micro-batch can hold; `forward_rows`: fewer rows in one forward than a
+    micro-batch holds (`forward_row_choices`)."""
     b = DTYPE_BYTES[dtype]
     params = shape.num_params
     sequence = prompt_tokens + max_tokens
-    batch_tokens = math.ceil(micro_batch_tokens / max_tokens) * sequence
+    rows = micro_batch_rows(micro_batch_tokens, max_tokens, step_rows)
+    rows = min(rows, forward_rows or rows)
+    batch_tokens = rows * sequence
     per_token_layer = 6 * shape.hidden + 2 * shape.kv_dim + 4 * shape.ffn
-    logit_tokens = min(batch_tokens, logits_chunk_tokens or batch_tokens)
+    response_tokens = rows * max_tokens  # the LM head runs at response positions only
+    logit_tokens = min(response_tokens, logits_chunk_tokens or response_tokens)
     kv_row = sequence + (spec_tokens if spec_max_rows > 0 else 0)
     items = {
         "engine_weights": params * b,
         "trainer_state": params * (16 + (b if b < 4 else 0)),
         "kv_cache": engine_capacity * kv_row * shape.num_layers * 2 * shape.kv_dim * b,
+        "prefill": int(prefill_tokens(engine_capacity, prompt_tokens) * per_token_layer * b * PREFILL_COPIES),
         "activations": int(batch_tokens * shape.num_layers * per_token_layer * ACTIVATION_BYTES[dtype]),
         "logits": logit_tokens * shape.vocab * 4 * LOGITS_COPIES,
     }
@@ -220,6 +239,27 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
     return MemoryPlan(items=items, budget=budget, device=device, dtype=dtype,
                       kv_tokens_per_row=kv_row, micro_batch_tokens=micro_batch_tokens, forward_tokens=batch_tokens,
                       colocated=colocate)
+
+
+def prefill_tokens(engine_capacity: int, prompt_tokens: int) -> int:
+    """Prompt tokens of the engine's largest prefill: its budget, or one prompt longer than that."""
+    return min(engine_capacity * prompt_tokens, max(MAX_PREFILL_TOKENS, prompt_tokens))
+
+
+def micro_batch_rows(micro_batch_tokens: int, max_tokens: int, step_rows: int | None = None) -> int:
+    """Rows of the largest micro-batch: its response tokens at full length, never more than a step's
+    samples (with a short --max-tokens, 256 tokens would be 256 rows that no step has)."""
+    rows = math.ceil(micro_batch_tokens / max_tokens)
+    return min(rows, step_rows) if step_rows else rows
+
+
+def forward_row_choices(rows: int) -> list[int]:
+    """Rows of one forward, largest first, halving down to one: a micro-batch whose forward does not
+    fit (long prompts) trains in several forwards of fewer rows (the gradient is the same sum)."""
+    choices = [rows]
+    while choices[-1] > 1:
+        choices.append(math.ceil(choices[-1] / 2))
+    return choices
 
 
 MICRO_BATCH_TOKENS = {"cpu": (256,), "cuda": (8192, 4096, 2048, 1024, 512, 256)}

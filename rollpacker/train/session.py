@@ -292,8 +292,8 @@ def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: s
     the first of `MICRO_BATCH_TOKENS[device]` that fits (the plan's `micro_batch_tokens`)."""
     from rollpacker.backends.embedded.speculation import speculation_rows
     from rollpacker.backends.models import read_config_json
-    from rollpacker.train.memory_plan import (MICRO_BATCH_TOKENS, ModelShape, device_budget, fitted, plan_memory,
-                                              resident_bytes)
+    from rollpacker.train.memory_plan import (MICRO_BATCH_TOKENS, ModelShape, device_budget, fitted,
+                                              forward_row_choices, micro_batch_rows, plan_memory, resident_bytes)
 
     longest_prompt = max(len(prompts.prompt_ids(i)) for i in range(len(prompts)))
     on_cuda = device.startswith("cuda")
@@ -301,13 +301,16 @@ def plan_run_memory(config: RunConfig, model_dir, prompts: RowPrompts, device: s
     runtime = 0 if on_cuda else resident_bytes()
     shape, budget = ModelShape.from_config(read_config_json(model_dir)), device_budget(device)
     sizes = (config.micro_batch_tokens,) if config.micro_batch_tokens else MICRO_BATCH_TOKENS["cuda" if on_cuda else "cpu"]
+    step_rows = config.prompts * config.samples
     return fitted(plan_memory(shape, dtype=config.dtype, engine_capacity=config.engine_capacity,
                               prompt_tokens=longest_prompt, max_tokens=config.max_tokens, micro_batch_tokens=tokens,
                               logits_chunk_tokens=getattr(trainer, "logits_chunk_tokens", None), budget=budget,
                               device=device, with_engine=getattr(rollout, "engine_in_process", False),
                               spec_tokens=config.spec_tokens, spec_max_rows=speculation_rows(config.spec_max_rows, on_cuda),
-                              cuda_graphs=config.cuda_graphs and on_cuda, host_runtime=runtime, colocate=config.colocate)
-                  for tokens in sizes)
+                              cuda_graphs=config.cuda_graphs and on_cuda, host_runtime=runtime, colocate=config.colocate,
+                              step_rows=step_rows, forward_rows=rows)
+                  for tokens in sizes
+                  for rows in forward_row_choices(micro_batch_rows(tokens, config.max_tokens, step_rows)))
 
 
 def follower_main(config: RunConfig) -> None:

@@ -42,7 +42,7 @@ from rollpacker.backends._drain import drain
 from rollpacker.backends.embedded.batch import RunningBatch
 from rollpacker.backends.embedded.memory import EngineMemory
 from rollpacker.backends.embedded.runner import Runner
-from rollpacker.backends.embedded.scheduler import Row
+from rollpacker.backends.embedded.scheduler import MAX_PREFILL_TOKENS, Row
 from rollpacker.backends.embedded.speculation import SpeculationStats, Speculator, speculation_rows
 from rollpacker.backends.embedded.weights import apply_state, check_state, load_state
 from rollpacker.backends.errors import BackendMisuse, EngineFailed
@@ -92,7 +92,7 @@ class EmbeddedEngine:
         progress_every: int = 8,
         stop_token_ids: Sequence[int] | None = None,
         admit_fraction: float = 0.125,
-        max_prefill_tokens: int = 8192,
+        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         seed: int = 0,
         weight_version: int = 0,
         attention: str | None = None,

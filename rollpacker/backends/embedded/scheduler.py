@@ -24,6 +24,9 @@ from attrs import define, field, frozen
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationRequest
 
+MAX_PREFILL_TOKENS = 8192
+"""Prompt tokens admitted in one prefill (at least one request): the engine's default."""
+
 
 class RowStatus(enum.Enum):
     WAITING = "waiting"
