@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 def describe(args, log: ImportedLog, steps: list[int], batch: Batch, cap: int, model: str) -> list[str]:
     return [f"{args.log}: {log.source}, {len(log.steps)} steps; simulated steps {', '.join(map(str, steps))} "
             f"({len(batch.groups)} prompts, an epoch each run)",
-            f"setting: P={batch.prompts} R={batch.samples} max tokens {cap}, {args.gpus} GPUs of {model} at TP{args.tp}; "
+            f"setting: P={batch.prompts} R={batch.samples} max tokens {cap}, {args.gpus} GPU{'s' * (args.gpus > 1)} of {model} at TP{args.tp}; "
             f"seeds {' '.join(map(str, args.seeds))}; gains are sync's time over the policy's, per P trained prompts"]
 
 

@@ -39,9 +39,10 @@ def json_lines(path: Path, shape: str) -> Iterator[tuple[int, dict]]:
 def first_line(path: Path) -> dict | None:
     """The first JSON object of a JSON-lines file, None when it is not one."""
     try:
-        return next(json_lines(path, "JSON lines"), None)
+        found = next(json_lines(path, "JSON lines"), None)
     except AdviseError:
         return None
+    return None if found is None else found[1]
 
 
 def read_table(path: Path):
