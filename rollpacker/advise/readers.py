@@ -4,36 +4,21 @@ Each problem is an `AdviseError` naming the file (and line) and what it expected
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
+
+from rollpacker.sim.workloads import json_object, text_lines
 
 from .records import AdviseError, StepScalars, StepTimes
 
 
 def json_lines(path: Path, shape: str) -> Iterator[tuple[int, dict]]:
-    """(line number, object) of each non-blank line; `shape` says what a line should be, in errors."""
-    with open(path, "rb") as raw:
-        is_gzip = raw.read(2) == b"\x1f\x8b"
-    try:
-        with (gzip.open(path, "rt", encoding="utf-8") if is_gzip else open(path, encoding="utf-8")) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise AdviseError(f"{path}:{lineno}: not valid JSON ({exc.msg}); expected {shape}") from None
-                if not isinstance(row, dict):
-                    raise AdviseError(f"{path}:{lineno}: expected a JSON object a line ({shape})")
-                yield lineno, row
-    except UnicodeDecodeError:
-        raise AdviseError(f"{path}: not UTF-8 text (a binary file?); expected {shape}") from None
-    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-        raise AdviseError(f"{path}: not a readable gzip file ({exc}); expected {shape}") from None
+    """(line number, object) of each non-blank line (plain or gzipped); `shape` says what a line should be,
+    in errors."""
+    for lineno, line in text_lines(path, shape, AdviseError):
+        row = json_object(line, f"{path}:{lineno}", shape, AdviseError)
+        yield lineno, row
 
 
 def first_line(path: Path) -> dict | None:

@@ -222,7 +222,7 @@ def read_jsonl(path: Path) -> tuple[list[str], list[list[int]], dict[str, int]]:
     rows: dict[str, dict[int, list[int]]] = {}
     seen: dict[tuple[str, int], int] = {}
     prompt_tokens: dict[str, int] = {}
-    for lineno, line in _text_lines(path):
+    for lineno, line in text_lines(path):
         where = f"{path}:{lineno}"
         prompt, step, values, tokens = _parse_line(line, where)
         if tokens is not None and prompt_tokens.setdefault(prompt, tokens) != tokens:
@@ -239,15 +239,21 @@ def read_jsonl(path: Path) -> tuple[list[str], list[list[int]], dict[str, int]]:
     return ids, [[n for step in sorted(rows[p]) for n in rows[p][step]] for p in ids], prompt_tokens
 
 
-def _parse_line(line: str, where: str) -> tuple[str, int, list[int], int | None]:
-    """(prompt, step or -1, lengths, prompt tokens or None) of one workload line; a problem is a
-    `WorkloadError` at `where`."""
+def json_object(line: str, where: str, expected: str, error: type[ConfigError] = WorkloadError) -> dict:
+    """One line's JSON object; bad JSON or another value is an `error` at `where` saying what was `expected`."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
+        raise error(f"{where}: not valid JSON ({exc.msg}); expected {expected}") from None
     if not isinstance(row, dict):
-        raise WorkloadError(f"{where}: expected an object with \"prompt\" and \"lengths\"")
+        raise error(f"{where}: expected {expected}")
+    return row
+
+
+def _parse_line(line: str, where: str) -> tuple[str, int, list[int], int | None]:
+    """(prompt, step or -1, lengths, prompt tokens or None) of one workload line; a problem is a
+    `WorkloadError` at `where`."""
+    row = json_object(line, where, 'an object with "prompt" and "lengths"')
     for key in ("prompt", "lengths"):
         if key not in row:
             raise WorkloadError(f"{where}: missing field {key!r}")
@@ -269,9 +275,9 @@ def _parse_line(line: str, where: str) -> tuple[str, int, list[int], int | None]
 JSONL_SHAPE = 'JSONL text (plain or .gz), one {"prompt": id, "lengths": [int, ...]} a line'
 
 
-def _text_lines(path: Path):
+def text_lines(path: Path, shape: str = JSONL_SHAPE, error: type[ConfigError] = WorkloadError):
     """(line number, line) of each non-blank line of a UTF-8 text file, gunzipped when it starts
-    with gzip's magic bytes; binary data is a `WorkloadError` naming the file and the format."""
+    with gzip's magic bytes; binary data is an `error` naming the file and the format (`shape`)."""
     with open(path, "rb") as raw:
         is_gzip = raw.read(2) == b"\x1f\x8b"
     try:
@@ -280,9 +286,9 @@ def _text_lines(path: Path):
                 if line.strip():
                     yield lineno, line
     except UnicodeDecodeError:
-        raise WorkloadError(f"{path}: not UTF-8 text (a binary file?); expected {JSONL_SHAPE}") from None
+        raise error(f"{path}: not UTF-8 text (a binary file?); expected {shape}") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:  # a corrupt or truncated gzip stream
-        raise WorkloadError(f"{path}: not a readable gzip file ({exc}); expected {JSONL_SHAPE}") from None
+        raise error(f"{path}: not a readable gzip file ({exc}); expected {shape}") from None
 
 
 def _step_of(row: dict, where: str) -> int:
