@@ -51,10 +51,13 @@ def test_each_format_is_detected_and_read(fmt, tokenizer):
 
 
 def test_tier_1_prints_the_table_the_flags_and_writes_the_plot(tmp_path, capsys):
+    """A veRL dump, its engine calibrated on the same run's file-logger times (--times); the cap comes from there too."""
     out = tmp_path / "advice"
-    assert main(["advise", str(DATA / "verl_dump"), "--max-tokens", str(CAP), "--out", str(out), *SMALL]) == 0
+    assert main(["advise", str(DATA / "verl_dump"), "--times", str(DATA / "verl_metrics.jsonl"), "--out", str(out),
+                 *SMALL]) == 0
     text = capsys.readouterr().out
-    for needle in ("whole step gain", "rollout gain", "wasted tokens", "kept length", "on-policy", "Recommendation:"):
+    for needle in ("whole step gain", "rollout gain", "wasted tokens", "kept length", "on-policy", "Recommendation:",
+                   "calibrated: the log's generation takes 1.2 s", "calibration check:", f"max tokens {CAP}"):
         assert needle in text
     assert "--policy" in text or "keep sync" in text
     advice = json.loads((out / "advice.json").read_text())

@@ -5,15 +5,18 @@ the original workload within 10%."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import attrs
 import numpy as np
-
-from advise_dumps import sync_lengths, write_verl_dump
 from rollpacker.cli import main
 from rollpacker.sim import SimConfig, Simulation
 from rollpacker.sim.compare import STEP
 from rollpacker.sim.workloads import load_workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from advise_dumps import sync_lengths, write_verl_dump  # noqa: E402
 
 P, R, CAP, GPUS, STEPS, SEEDS = 16, 8, 8192, 4, 4, (0, 1)
 

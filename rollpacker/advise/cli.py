@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+import attrs
 
 from rollpacker.sim import MODELS, SimConfig, SimConstants
 from rollpacker.sim.compare import ROLLOUT
@@ -45,6 +46,9 @@ def add_parser(sub, name: str) -> argparse.ArgumentParser:
                    "(default: SmolLM2-135M-Instruct's; nothing is downloaded)")
     p.add_argument("--prompts", type=int, default=None, help="P, prompts a step (step scalars only: the log has no batch size)")
     p.add_argument("--samples", type=int, default=None, help="R, responses a prompt (step scalars only)")
+    p.add_argument("--times", type=Path, default=None, metavar="LOG2", help="a second log of the same run whose step "
+                   "times calibrate the engine (a rollout dump has none: give veRL's file-logger JSONL, TRL's "
+                   "trainer_state.json or a W&B export here)")
     p.add_argument("--window", type=int, default=4, help="steps of the log simulated, spread over the run (default 4)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="simulator seeds (default 0 1)")
     p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="simulations run at once")
@@ -119,6 +123,10 @@ def batches(args, log: ImportedLog, steps: list[int], cap: int) -> tuple[list[Ba
 def run(args: argparse.Namespace) -> int:
     model = check_args(args)
     log = read_log(args.log, args.format)
+    if args.times is not None:
+        timed = read_log(args.times)
+        log = attrs.evolve(log, times=timed.times, max_tokens=log.max_tokens or timed.max_tokens,
+                           notes=log.notes + (f"step times from {args.times} ({timed.source})",))
     cap = response_cap(args, log)
     steps = choose_steps(log.steps, args.window)
     found, told = batches(args, log, steps, cap)

@@ -67,7 +67,7 @@ def plot(results: list[Outcome], title: str, out: Path, point: bool = True) -> P
     ax.set_xlabel("gain over sync (x): " + ("median, whiskers min-max over the runs" if point else
                                             "the range over the assumed prompt structures and seeds"))
     ax.set_title(title, fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -1,6 +1,6 @@
-"""Writing a simulated run's per-sample lengths as a veRL rollout dump (tests/test_advise_roundtrip.py):
-text of exactly the right number of tokens for the default tokenizer ("a" then " a" repeated: one token
-each), the EOS stripped as veRL strips it."""
+"""Writing a simulated run's per-sample lengths as a veRL rollout dump (tests/test_advise_roundtrip.py,
+benchmarks/advise_example.py): text of exactly the right number of tokens for the default tokenizer ("a"
+then " a" repeated: one token each), the EOS stripped as veRL strips it."""
 
 from __future__ import annotations
 
