@@ -203,12 +203,3 @@ def _bar(args, total: int, desc: str, unit: str):
     except ModuleNotFoundError:
         return None
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from rollpacker.cli import main as rollpacker_main
-
-    return rollpacker_main(["advise", *(sys.argv[1:] if argv is None else argv)])
-
-
-

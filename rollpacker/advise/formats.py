@@ -79,6 +79,7 @@ def _detect_json(path: Path) -> str | None:
     if isinstance(data, dict) and "log_history" in data:
         return "trl-state"
     if isinstance(data, dict) and {"config", "steps", "total"} <= set(data):
-        raise AdviseError(f"{path}: a `rollpacker simulate` result holds no per-request lengths; give its workload "
-                          f"instead: {data['config'].get('workload')!r}")
+        workload = data["config"].get("workload") if isinstance(data["config"], dict) else None
+        raise AdviseError(f"{path}: a `rollpacker simulate` result holds no per-request lengths; give advise its "
+                          f"workload file instead ({workload!r}; a built-in workload is the simulator's own)")
     return None
