@@ -19,6 +19,7 @@ from rollpacker.extras import missing_package_line
 COMMANDS = [
     ("simulate", "rollpacker.sim.cli", "sim"),
     ("serve", "rollpacker.backends.sglang.serve", "serve"),
+    ("advise", "rollpacker.advise.cli", "advise"),
 ]
 
 

@@ -2,6 +2,7 @@
 imports beyond the core (attrs, numpy, immutables), and the one line a missing one gives:
 
     rollpacker simulate      core; its progress bar and --plot: rollpacker[sim]
+    rollpacker advise        rollpacker[advise] (pandas and pyarrow for tables, transformers for a dump's text)
     rollpacker serve         rollpacker[serve] (torch first, the build for your device)
     reference/train.py       rollpacker[train] (torch first); --trainer titan: rollpacker[titan]
 """

@@ -90,6 +90,9 @@ def third_party_imports(entries: list[Path], skip: str | None = None) -> dict[st
 COMMANDS = {
     "rollpacker simulate": ([ROOT / "rollpacker/sim/cli.py"], None, ("sim",)),
     "rollpacker serve": ([ROOT / "rollpacker/backends/sglang/serve.py"], None, ("serve",)),
+    # advise reads the default tokenizer's location from rollpacker.backends.models, whose model loaders
+    # (torch) it never calls: the walk stops there, transformers is seen in rollpacker/advise/tokens.py
+    "rollpacker advise": ([ROOT / "rollpacker/advise/cli.py"], "rollpacker.backends", ("advise",)),
     "reference/train.py": ([ROOT / "reference/train.py"], "rollpacker.backends.titan", ("train",)),
     "--trainer titan": (sorted((ROOT / "rollpacker/backends/titan").glob("*.py")), None, ("train", "titan")),
 }

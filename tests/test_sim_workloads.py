@@ -167,3 +167,17 @@ def test_scale_from_maps_that_many_trace_tokens_to_max_tokens():
     assert b.max() == 256 and (b == np.clip(np.maximum(np.rint(a * 256 / 8192), 1), 1, 256)).mean() > 0.97
     with pytest.raises(WorkloadError, match="scale_from applies to the built-in traces"):
         load_workload("synthetic-bimodal", num_prompts=3, seed=0, max_tokens=256, scale_from=100)
+
+
+def test_a_workload_file_may_give_each_prompts_tokens(tmp_path):
+    """`prompt_tokens` (rollpacker advise writes it from a run's prompts): used, capped at MAX_PROMPT_TOKENS,
+    the default 256 where a prompt has none; two values for one prompt are refused naming the line."""
+    from rollpacker.sim.workloads import MAX_PROMPT_TOKENS
+
+    lines = [json.dumps({"prompt": "a", "lengths": [10], "prompt_tokens": 40}),
+             json.dumps({"prompt": "b", "lengths": [10], "prompt_tokens": 10 ** 6}), json.dumps({"prompt": "c", "lengths": [5]})]
+    workload = load_workload(str(write(tmp_path, lines)), num_prompts=3, seed=0)
+    assert [workload.prompt_tokens(i) for i in range(3)] == [40, MAX_PROMPT_TOKENS, 256]
+    bad = write(tmp_path, [lines[0], json.dumps({"step": 1, "prompt": "a", "lengths": [3], "prompt_tokens": 41})])
+    with pytest.raises(WorkloadError, match=r"w.jsonl:2: prompt 'a' has \"prompt_tokens\" 40"):
+        parse_jsonl(bad)

@@ -29,7 +29,8 @@ User JSONL: one line per prompt, or per (step, prompt) as exported from a traini
     {"prompt": "<id>", "lengths": [int, ...]}
     {"step": 3, "prompt": "<id>", "lengths": [int, ...], "finish_reasons": ["stop", "length", ...]}
 
-A prompt's lengths (over its lines, in step order) are its successive samples, cycled (from a seeded
+An optional `"prompt_tokens": int` gives the prompt's length (default 256, at most MAX_PROMPT_TOKENS;
+`rollpacker advise` writes it from a run's logs); a prompt's lines must agree on it.  A prompt's lengths (over its lines, in step order) are its successive samples, cycled (from a seeded
 offset) when more are needed.  `finish_reasons`, when present, must match `lengths` one for one.
 """
 
@@ -185,14 +186,14 @@ class JsonlWorkload(Workload):
     def __init__(self, path: Path, *, seed: int, num_prompts: int | None = None,
                  max_tokens: int | None = None, prompt_tokens: int = 256) -> None:
         self.name = str(path)
-        self.ids, self.lengths = parse_jsonl(path)
+        self.ids, self.lengths, given = read_jsonl(path)
         self.num_prompts = len(self.ids) if num_prompts is None else num_prompts
         if self.num_prompts > len(self.ids):
             raise WorkloadError(f"{path}: {len(self.ids)} prompts, fewer than the {self.num_prompts} asked for")
         rng = np.random.default_rng([seed, 29])
         self.cursor = [int(rng.integers(len(ls))) for ls in self.lengths]
         self.max_tokens = max_tokens
-        self.prompts = np.full(len(self.ids), prompt_tokens, dtype=int)
+        self.prompts = np.clip([given.get(p, prompt_tokens) for p in self.ids], 1, MAX_PROMPT_TOKENS).astype(int)
 
     def sample(self, prompt_index: int, step: int) -> int:
         lengths = self.lengths[prompt_index]
@@ -206,16 +207,27 @@ class JsonlWorkload(Workload):
 
 
 def parse_jsonl(path: Path) -> tuple[list[str], list[list[int]]]:
-    """Read `{"prompt": id, "lengths": [int >= 0, ...]}` lines (optionally with "step" and
-    "finish_reasons"); any problem names the line.  A prompt's lines are joined in step order."""
+    """Read `{"prompt": id, "lengths": [int >= 0, ...]}` lines (optionally with "step",
+    "finish_reasons" and "prompt_tokens"); any problem names the line.  A prompt's lines are joined in
+    step order."""
+    ids, lengths, _ = read_jsonl(path)
+    return ids, lengths
+
+
+def read_jsonl(path: Path) -> tuple[list[str], list[list[int]], dict[str, int]]:
+    """`parse_jsonl`'s ids and lengths, and the prompt tokens of the prompts whose lines give them."""
     path = Path(path)
     if not path.is_file():
         raise WorkloadError(f"workload {str(path)!r}: no such file, and not one of {', '.join(BUILTIN)}")
     rows: dict[str, dict[int, list[int]]] = {}
     seen: dict[tuple[str, int], int] = {}
-    for lineno, line in _text_lines(path):
+    prompt_tokens: dict[str, int] = {}
+    for lineno, line in text_lines(path):
         where = f"{path}:{lineno}"
-        prompt, step, values = _parse_line(line, where)
+        prompt, step, values, tokens = _parse_line(line, where)
+        if tokens is not None and prompt_tokens.setdefault(prompt, tokens) != tokens:
+            raise WorkloadError(f"{where}: prompt {prompt!r} has \"prompt_tokens\" {prompt_tokens[prompt]} on an "
+                                f"earlier line, {tokens} here")
         if (prompt, step) in seen:
             at = f" for step {step}" if step >= 0 else ""
             raise WorkloadError(f"{where}: prompt {prompt!r} already given{at} on line {seen[prompt, step]}")
@@ -224,17 +236,24 @@ def parse_jsonl(path: Path) -> tuple[list[str], list[list[int]]]:
     if not rows:
         raise WorkloadError(f"{path}: empty workload file (expected one JSON object a line)")
     ids = list(rows)
-    return ids, [[n for step in sorted(rows[p]) for n in rows[p][step]] for p in ids]
+    return ids, [[n for step in sorted(rows[p]) for n in rows[p][step]] for p in ids], prompt_tokens
 
 
-def _parse_line(line: str, where: str) -> tuple[str, int, list[int]]:
-    """(prompt, step or -1, lengths) of one workload line; a problem is a `WorkloadError` at `where`."""
+def json_object(line: str, where: str, expected: str, error: type[ConfigError] = WorkloadError) -> dict:
+    """One line's JSON object; bad JSON or another value is an `error` at `where` saying what was `expected`."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{where}: not valid JSON ({exc.msg})") from None
+        raise error(f"{where}: not valid JSON ({exc.msg}); expected {expected}") from None
     if not isinstance(row, dict):
-        raise WorkloadError(f"{where}: expected an object with \"prompt\" and \"lengths\"")
+        raise error(f"{where}: expected {expected}")
+    return row
+
+
+def _parse_line(line: str, where: str) -> tuple[str, int, list[int], int | None]:
+    """(prompt, step or -1, lengths, prompt tokens or None) of one workload line; a problem is a
+    `WorkloadError` at `where`."""
+    row = json_object(line, where, 'an object with "prompt" and "lengths"')
     for key in ("prompt", "lengths"):
         if key not in row:
             raise WorkloadError(f"{where}: missing field {key!r}")
@@ -247,15 +266,18 @@ def _parse_line(line: str, where: str) -> tuple[str, int, list[int]]:
         if v < 0:
             raise WorkloadError(f"{where}: length {v} is negative")
     _check_reasons(row, len(values), where)
-    return str(row["prompt"]), _step_of(row, where), values
+    tokens = row.get("prompt_tokens")
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):
+        raise WorkloadError(f"{where}: \"prompt_tokens\" must be an integer >= 1, got {tokens!r}")
+    return str(row["prompt"]), _step_of(row, where), values, tokens
 
 
 JSONL_SHAPE = 'JSONL text (plain or .gz), one {"prompt": id, "lengths": [int, ...]} a line'
 
 
-def _text_lines(path: Path):
+def text_lines(path: Path, shape: str = JSONL_SHAPE, error: type[ConfigError] = WorkloadError):
     """(line number, line) of each non-blank line of a UTF-8 text file, gunzipped when it starts
-    with gzip's magic bytes; binary data is a `WorkloadError` naming the file and the format."""
+    with gzip's magic bytes; binary data is an `error` naming the file and the format (`shape`)."""
     with open(path, "rb") as raw:
         is_gzip = raw.read(2) == b"\x1f\x8b"
     try:
@@ -264,9 +286,9 @@ def _text_lines(path: Path):
                 if line.strip():
                     yield lineno, line
     except UnicodeDecodeError:
-        raise WorkloadError(f"{path}: not UTF-8 text (a binary file?); expected {JSONL_SHAPE}") from None
+        raise error(f"{path}: not UTF-8 text (a binary file?); expected {shape}") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:  # a corrupt or truncated gzip stream
-        raise WorkloadError(f"{path}: not a readable gzip file ({exc}); expected {JSONL_SHAPE}") from None
+        raise error(f"{path}: not a readable gzip file ({exc}); expected {shape}") from None
 
 
 def _step_of(row: dict, where: str) -> int:
