@@ -85,6 +85,7 @@ def report(results: list[dict], opts) -> str:
              f"P={opts.prompts} prompts x G={opts.g} per step, max_completion_length={opts.max_tokens}; tail: "
              f"eta_prompts={opts.eta_prompts}, eta_responses={opts.eta_responses}; seeds {opts.seeds} "
              f"(median over seeds).  Command: `.venv/bin/python benchmarks/trl_tail.py --steps {opts.steps} "
+             f"--prompts {opts.prompts} --g {opts.g} --max-tokens {opts.max_tokens} --paths {' '.join(opts.paths)} "
              f"--seeds {' '.join(map(str, opts.seeds))}`.", "",
              "| path | step time, s (sum over the epoch) | vs builtin | mean trained length | reward | exactly once |",
              "| --- | --- | --- | --- | --- | --- |"]

@@ -92,6 +92,7 @@ COMMANDS = {
     "rollpacker serve": ([ROOT / "rollpacker/backends/sglang/serve.py"], None, ("serve",)),
     "reference/train.py": ([ROOT / "reference/train.py"], "rollpacker.backends.titan", ("train",)),
     "--trainer titan": (sorted((ROOT / "rollpacker/backends/titan").glob("*.py")), None, ("train", "titan")),
+    "rollpacker.integrations.trl": (sorted((ROOT / "rollpacker/integrations/trl").glob("*.py")), None, ("trl",)),
 }
 
 
