@@ -190,7 +190,7 @@ def prompt_lengths(args, seed: int) -> list[int]:
     key = (args.model, seed, dataset_size(args))
     if key not in _PROMPTS:
         from rollpacker.train.config import parse
-        from rollpacker.train.session import load_prompts
+        from rollpacker.train.prompts import load_prompts
 
         config = parse(["--seed", str(seed), "--dataset-size", str(dataset_size(args)), "--max-tokens",
                         str(args.max_tokens), "--prompts", str(args.prompts)])

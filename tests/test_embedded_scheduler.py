@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rollpacker.backends.embedded.scheduler import Row, RowStatus, Scheduler
+from rollpacker.backends.embedded.scheduler import Row, RowScheduler, RowStatus
 from rollpacker.core.protocols import GenerationRequest
 
 
@@ -29,7 +29,7 @@ def test_scheduler_imports_without_torch():
 
 
 def test_admission_keeps_the_prefill_token_budget():
-    sched = Scheduler(capacity=8, admit_fraction=0.5, max_prefill_tokens=10)
+    sched = RowScheduler(capacity=8, admit_fraction=0.5, max_prefill_tokens=10)
     sched.add([make_row(f"r{i}", 4) for i in range(3)] + [make_row("big", 30)])
     first = sched.admit()
     assert first.first_slot == 0 and [r.rid for r in first.rows] == ["r0", "r1"]  # a third: 12 > 10 tokens
@@ -41,7 +41,7 @@ def test_admission_keeps_the_prefill_token_budget():
 
 
 def test_admission_holds_back_fewer_rows_than_the_share_while_more_wait():
-    sched = Scheduler(capacity=6, admit_fraction=1.0, max_prefill_tokens=100)
+    sched = RowScheduler(capacity=6, admit_fraction=1.0, max_prefill_tokens=100)
     sched.add([make_row(f"r{i}", 2) for i in range(4)])
     assert len(sched.admit().rows) == 4
     sched.add([make_row(f"w{i}", 2) for i in range(3)])
@@ -61,7 +61,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.sched = Scheduler(capacity=4, admit_fraction=0.5, max_prefill_tokens=12)
+        self.sched = RowScheduler(capacity=4, admit_fraction=0.5, max_prefill_tokens=12)
         self.rows: list[Row] = []
         self.slots: dict[int, Row] = {}
         self.admitted: set[str] = set()
@@ -148,7 +148,7 @@ test_scheduler_sequences = SchedulerMachine.TestCase
 
 
 def test_a_finished_row_cannot_finish_again():
-    sched = Scheduler(capacity=2, admit_fraction=0.0, max_prefill_tokens=10)
+    sched = RowScheduler(capacity=2, admit_fraction=0.0, max_prefill_tokens=10)
     sched.add([make_row("a", 2)])
     sched.admit()
     sched.finish(sched.running[0])

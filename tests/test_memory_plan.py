@@ -446,3 +446,35 @@ def test_the_plan_covers_the_measured_peak_of_a_run_that_used_to_balloon(tmp_pat
     peak = int(re.search(r"^peak_rss_kib (\d+)", proc.stdout, re.M).group(1)) * 1024
     print(f"{case}: {plan.group(0)}; measured peak {peak / GIB:.2f} GiB")
     assert float(plan.group(2)) * GIB >= peak, f"plan {plan.group(0)} below the measured peak {peak / GIB:.2f} GiB"
+
+
+class _LongPrompts:
+    """Two 3,000-token prompts (plan_run_memory reads only their lengths)."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def prompt_ids(self, index: int) -> tuple[int, ...]:
+        return (7 + index,) * 3000
+
+
+def test_the_memory_the_plan_counts_on_can_be_capped_to_check_a_smaller_device(monkeypatch):
+    """$ROLLPACKER_MEMORY_GIB caps the device's memory in the run's plan (the pick of a smaller card,
+    checked on a bigger one): a 3,000-token prompt's forward drops to fewer rows; a bad value is one
+    line naming the variable."""
+    from rollpacker.backends.models import default_model_dir
+    from rollpacker.train.memory_plan import BUDGET_ENV
+    from rollpacker.train.session import plan_run_memory
+
+    config = RunConfig(trainer="titan", prompts=2, samples=2, max_tokens=16)
+    plan = lambda: plan_run_memory(config, default_model_dir(), _LongPrompts(), "cpu")  # noqa: E731
+    monkeypatch.setenv(BUDGET_ENV, "64")
+    roomy = plan()
+    monkeypatch.setenv(BUDGET_ENV, "6")
+    small = plan()
+    assert small.budget == 6 * GIB and "of 6.00 GiB" in small.line()
+    assert small.forward_tokens == 3016 < roomy.forward_tokens, (small.line(), roomy.line())
+    for bad in ("0", "lots", "inf"):
+        monkeypatch.setenv(BUDGET_ENV, bad)
+        with pytest.raises(ConfigError, match=f"\\${BUDGET_ENV} must be a number of GiB > 0, got '{bad}'"):
+            plan()

@@ -28,6 +28,7 @@ import attrs
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationRequest, GenerationResult, RewardJob
 from rollpacker.train.algorithm import SamplingOptions
+from rollpacker.train.prompts import RowPrompts
 
 EVAL_SEED = 7_919
 """Seed of the held-out problems (no run's --seed enters it)."""
@@ -80,7 +81,6 @@ class HeldOutEval:
         """`training`: the run's RowPrompts (its rows are left out, its tokenizer renders the prompts)."""
         from rollpacker.backends.data.rows import render_rows
         from rollpacker.backends.embedded.engine import EmbeddedEngine
-        from rollpacker.train.session import RowPrompts
 
         rows = held_out_rows(list(config.tasks) or None, config.eval_prompts, training.rows)
         rows, ids, _ = render_rows(rows, training.tokenizer, context=None, max_tokens=config.max_tokens,

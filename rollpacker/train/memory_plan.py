@@ -308,15 +308,32 @@ def cuda_graph_bytes(shape: ModelShape, b: int, keys: list[GraphKey]) -> tuple[i
     return outputs, largest + workspaces + BYTES_PER_GRAPH * len(keys)
 
 
+BUDGET_ENV = "ROLLPACKER_MEMORY_GIB"
+"""Caps the memory the plan counts on (GiB): a smaller card's plan, checked on a bigger one; or room
+left for other processes on a shared machine."""
+
+
 def device_budget(device: str) -> int:
-    """Bytes of the device: the GPU's total memory (torch.cuda.mem_get_info), else physical RAM."""
+    """Bytes of the device: the GPU's total memory (torch.cuda.mem_get_info), else physical RAM; at
+    most $ROLLPACKER_MEMORY_GIB when it is set."""
+    import os
+
     if device.startswith("cuda"):
         import torch
 
-        return torch.cuda.mem_get_info(torch.device(device))[1]
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = torch.cuda.mem_get_info(torch.device(device))[1]
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    raw = os.environ.get(BUDGET_ENV)
+    if raw is None:
+        return total
+    try:
+        cap = float(raw)
+    except ValueError:
+        cap = float("nan")
+    if not cap > 0 or cap == float("inf"):
+        raise ConfigError(f"${BUDGET_ENV} must be a number of GiB > 0, got {raw!r}")
+    return min(total, int(cap * 2**30))
 
 
 def resident_bytes() -> int:

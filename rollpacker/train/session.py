@@ -10,17 +10,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from rollpacker.core import Scheduler
 from rollpacker.core.errors import ConfigError, RollpackerError
-from rollpacker.core.protocols import RewardJob
 from rollpacker.driver import LoopConfig, StepLoop, sync_weights
 from rollpacker.plugins import SAVED_KEY, plugin_modules
 from rollpacker.train.algorithm import SamplingOptions
 from rollpacker.train.config import RunConfig, resolve_device
 from rollpacker.train.outputs import RunDir
+from rollpacker.train.prompts import RowPrompts, load_prompts
 from rollpacker.train.ranks import LeaderTrainer, follow
 from rollpacker.train.replay import ReplayOptions
 from rollpacker.train.registry import BuildContext
@@ -28,56 +28,6 @@ from rollpacker.train.registry import BuildContext
 
 class RewardsFailed(RollpackerError):
     """Every reward of a step failed (and --allow-failed-rewards is off); names the first error."""
-
-
-class RowPrompts:
-    """The dataset as `StepLoop` sees it: `PromptRow`s (reasoning-gym problems or the --dataset file)
-    with their prompts rendered by the chat template; a reward job carries the row's data_source,
-    ground truth and extra_info to the scorer."""
-
-    def __init__(self, rows, prompt_ids, tokenizer, deadline_s: float) -> None:
-        self.rows = rows
-        self.tokenizer = tokenizer
-        self.deadline_s = deadline_s
-        self._ids = prompt_ids
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def prompt_ids(self, index: int) -> tuple[int, ...]:
-        return self._ids[index]
-
-    def reward_job(self, request_id: str, index: int, response_ids: Sequence[int]) -> RewardJob:
-        row = self.rows[index]
-        text = self.tokenizer.decode(list(response_ids), skip_special_tokens=True)
-        entry = {"ground_truth": row.ground_truth, "extra_info": row.extra_info}
-        return RewardJob(request_id, row.data_source, entry, text, self.deadline_s)
-
-
-def load_prompts(config: RunConfig, model_dir: Path) -> RowPrompts:
-    """The run's rows rendered with the model's tokenizer (loaded alone: the weights are not read
-    yet), each checked against the context; prints what was read and anything skipped."""
-    from transformers import AutoTokenizer
-
-    from rollpacker.backends.models import read_config_json
-    from rollpacker.backends.data.rows import render_rows
-
-    rows = config.load_rows()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    context = read_config_json(model_dir).get("max_position_embeddings")
-    kept, ids, skipped = render_rows(rows, tokenizer, context=context, max_tokens=config.max_tokens,
-                                     skip_long=config.skip_long_rows)
-    if config.dataset is not None:
-        line = f"dataset {config.dataset}: {len(rows)} rows, reward {config.reward_name()}"
-        if skipped:
-            shown = ", ".join(w.rpartition(" row ")[2] for w in skipped[:10]) + (", ..." if len(skipped) > 10 else "")
-            line += f"; {len(skipped)} skipped (prompt + --max-tokens {config.max_tokens} over the context of " \
-                    f"{context}: rows {shown})"
-        print(line, flush=True)
-    if config.prompts > len(kept):
-        raise ConfigError(f"--prompts ({config.prompts}) is larger than the {len(kept)} rows of --dataset "
-                          f"{config.dataset} that fit the context")
-    return RowPrompts(kept, ids, tokenizer, config.reward_deadline_s)
 
 
 def init_distributed_env() -> tuple[int, int]:

@@ -12,7 +12,7 @@ import torch
 
 from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.embedded.sampling import sample, verify
-from rollpacker.backends.embedded.scheduler import Row, RowStatus, Scheduler
+from rollpacker.backends.embedded.scheduler import Row, RowScheduler, RowStatus
 from rollpacker.backends.embedded.speculation import Speculator
 
 
@@ -26,7 +26,7 @@ class RunningBatch:
                  detokenize: Callable[[list[int]], str] | None = None) -> None:
         self._runner = runner
         self._speculator = speculator
-        self.scheduler = Scheduler(capacity=capacity, admit_fraction=admit_fraction,
+        self.scheduler = RowScheduler(capacity=capacity, admit_fraction=admit_fraction,
                                    max_prefill_tokens=max_prefill_tokens)
         self._stop_token_ids = stop_token_ids
         self._progress_every = progress_every

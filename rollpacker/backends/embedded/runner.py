@@ -44,41 +44,13 @@ import logging
 import time
 
 import torch
-from transformers import AttentionInterface
-
+from rollpacker.backends.embedded.attention import ATTENTION_NAME
 from rollpacker.backends.embedded.buckets import COL_MULTIPLE, GraphKey, graph_keys, row_bucket
 from rollpacker.backends.errors import GraphCaptureFailed
 
 log = logging.getLogger(__name__)
 
-ATTENTION_NAME = "rollpacker_slots"
 _MAX_VERIFY_WIDTH = 64  # columns past the context a verify forward may write (drafts beyond the end)
-_MATMUL_MAX_QUERY = 16  # above this many query tokens per row (prefill), use SDPA's fused kernels
-
-
-def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention of `query` [B, H, T, D] over `key`/`value` [B, KVH, L, D] under a bool mask
-    [B, 1, T, L]; returns [B, T, H, D] as HF attention implementations do."""
-    b, h, t, d = query.shape
-    kvh, length = key.shape[1], key.shape[2]
-    scale = scaling if scaling is not None else d ** -0.5
-    if t > _MATMUL_MAX_QUERY or getattr(module, "_rollpacker_sdpa", False):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, scale=scale, enable_gqa=h != kvh)
-        return out.transpose(1, 2), None
-    g = h // kvh
-    q = query.reshape(b, kvh, g * t, d)
-    scores = torch.matmul(q, key.transpose(-1, -2))
-    if scores.dtype in (torch.float16, torch.bfloat16):
-        scores = scores.float()
-    scores = scores.view(b, kvh, g, t, length) * scale
-    scores = scores.masked_fill(~attention_mask[:, :, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kvh, g * t, length)
-    out = torch.matmul(probs, value).view(b, h, t, d)
-    return out.transpose(1, 2), None
-
-
-AttentionInterface.register(ATTENTION_NAME, _slot_attention)
 
 
 class SlotCache:

@@ -104,7 +104,7 @@ class Move:
     cache_len: int
 
 
-class Scheduler:
+class RowScheduler:
     """The waiting queue and the running rows of one engine (see the module's docstring)."""
 
     def __init__(self, *, capacity: int, admit_fraction: float, max_prefill_tokens: int) -> None:
