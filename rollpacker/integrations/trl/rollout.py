@@ -14,6 +14,7 @@ embedded engine over a copy of the trainer's model, or `SGLangEngine` over the s
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Sequence
 
 from rollpacker.core import PromptKey, SyncPolicy, TailPolicy
@@ -34,7 +35,9 @@ class ModelWeights:
         self.model = model
 
     def export_weights(self) -> dict:
-        return {name: t.detach() for name, t in self.model.state_dict().items()}
+        """One tensor per parameter: with tied embeddings the shared matrix once, as
+        model.embed_tokens.weight (a safetensors file refuses two names for one storage)."""
+        return {name: t.detach() for name, t in self.model.named_parameters()}
 
     def named_weights(self):
         yield from self.export_weights().items()
@@ -168,7 +171,11 @@ def build_engine(settings: RolloutSettings, trainer, requests: int):
     if settings.sglang_urls:
         from rollpacker.backends.sglang.client import SGLangEngine
 
-        return SGLangEngine(list(settings.sglang_urls))
+        # the model's own directory: the servers must serve it (checked before any weight moves), and
+        # real SGLang reloads a whole directory (config files beside the synced tensors)
+        source = str(getattr(trainer.accelerator.unwrap_model(trainer.model).config, "_name_or_path", "") or "")
+        local = source if source and os.path.isfile(os.path.join(source, "config.json")) else None
+        return SGLangEngine(list(settings.sglang_urls), expected_model=local, model_config_dir=local)
     from rollpacker.backends.embedded.engine import EmbeddedEngine
 
     model = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.model)).eval()
