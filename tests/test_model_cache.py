@@ -18,13 +18,14 @@ CTRL_C_DURING_THE_SAVE = textwrap.dedent("""
     from rollpacker.backends.models import tiny_random_llama
 
     target = Path(sys.argv[1])
+    sys.setswitchinterval(1e-5)  # the watcher runs within microseconds of the copy's folder appearing
     def press_ctrl_c_once_a_copy_is_written():
         while not any(p.is_dir() for p in target.parent.glob(target.name + ".*")):
             time.sleep(0.0005)
         os.kill(os.getpid(), signal.SIGINT)
     threading.Thread(target=press_ctrl_c_once_a_copy_is_written, daemon=True).start()
     try:
-        tiny_random_llama(target, hidden_size=512, num_layers=4)
+        tiny_random_llama(target, hidden_size=1024, num_layers=8)  # about 330 MB: a save of a second or more
     except KeyboardInterrupt:
         sys.exit(130)
 """)

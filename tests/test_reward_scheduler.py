@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import heapq
@@ -156,8 +156,11 @@ class TimedScorers:
     def wait(self) -> list:
         at, _, item = heapq.heappop(self.heap)
         self.clock.advance_to(at)
-        if isinstance(item, ScorerAnswered) and item.reward > 0 and item.request_id in self.deadlines:
-            # the first answer (a later copy's is ignored); hedged: the time since the first start
+        if (isinstance(item, ScorerAnswered) and item.reward > 0 and item.request_id in self.deadlines
+                and at < self.deadlines[item.request_id]):
+            # the first answer (a later copy's is ignored), before the deadline (one that lands on it, a
+            # copy drawn a hair under the time left, comes after the core's DeadlinePassed: late);
+            # hedged: the time since the first start
             rid = item.request_id
             seconds = at - self.first_start[rid] if rid in self.hedged else item.seconds
             self.anchor = max(self.anchor or 0.0, seconds)
@@ -177,6 +180,7 @@ class TimedScorers:
 
 @given(st.lists(st.one_of(st.floats(0.0, 40.0), st.just(math.inf)), min_size=1, max_size=12),
        st.integers(1, 3), st.sampled_from(["sync", "tail", "partial"]))
+@example([math.inf, 1.3577592512697372, math.inf, math.inf], 2, "tail")  # a hedge's answer lands on the deadline
 def test_scheduler_scores_every_kept_sample_once_by_the_cores_deadline(durations, workers, policy):
     """The real driver over scorers with times drawn from `durations` (inf: a hang) finishes each
     step with one optimizer step: every kept sample is answered exactly once, by the deadline the
