@@ -123,6 +123,18 @@ def two_servers(model: str, timeout_s: float = 120):
     return launch_servers(model, num_servers=2, kind="rollpacker", extra_args=SERVE_ARGS, timeout_s=timeout_s)
 
 
+def weight_versions(servers) -> list[str]:
+    """Each server's weight_version (its /model_info), in the group's order."""
+    import json
+    import urllib.request
+
+    versions = []
+    for url in servers.urls:
+        with urllib.request.urlopen(url + "/model_info", timeout=30) as resp:
+            versions.append(str(json.loads(resp.read())["weight_version"]))
+    return versions
+
+
 def request(i: int, max_new: int = 16, temperature: float = 0.0, prompt=(1, 2, 3)) -> GenerationRequest:
     return GenerationRequest(f"rp{i:012d}", tuple(prompt), max_new_tokens=max_new, temperature=temperature, seed=i)
 

@@ -6,13 +6,11 @@ with a fresh weight-sync group (the servers still hold the killed trainer's)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import urllib.request
 
 import pytest
-from sglang_helpers import KINDS, collect, request, tiny_model
+from sglang_helpers import KINDS, collect, request, tiny_model, weight_versions
 from test_faults import start_train, trained_keys, wait_for_saved_step
 from test_reference_train import records, run_train
 
@@ -37,14 +35,6 @@ def train_args(model: str, servers, out, policy: str, steps: int) -> list:
     return ["--preset", "tiny_debug", "--model", model, "--out", out, "--steps", steps, "--policy", policy,
             "--max-tokens", 24, "--rollout", "sglang", "--sglang-urls", *servers.urls,
             "--weight-sync", "nccl", "--weight-sync-bucket-mb", "1"]
-
-
-def weight_versions(servers) -> list[str]:
-    versions = []
-    for url in servers.urls:
-        with urllib.request.urlopen(url + "/model_info", timeout=30) as resp:
-            versions.append(str(json.loads(resp.read())["weight_version"]))
-    return versions
 
 
 def servers_match_the_checkpoint(servers, model: str, checkpoint) -> None:

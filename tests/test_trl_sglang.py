@@ -5,11 +5,10 @@ moves.  (The model check and the weight syncs against real SGLang: test_sglang_t
 
 from __future__ import annotations
 
-import json
-import urllib.request
 
 import pytest
 
+from tests.sglang_helpers import weight_versions
 from tests.trl_helpers import RewardInputs, grpo_config, require_trl, sums_dataset, tiny_model_and_tokenizer
 
 
@@ -18,14 +17,6 @@ def servers(shared_servers):
     require_trl()
     model, _ = tiny_model_and_tokenizer()
     yield from shared_servers.module_pair("rollpacker", model)
-
-
-def weight_versions(servers) -> list[str]:
-    versions = []
-    for url in servers.urls:
-        with urllib.request.urlopen(url + "/model_info", timeout=30) as resp:
-            versions.append(str(json.loads(resp.read())["weight_version"]))
-    return versions
 
 
 def trainer_on(servers, tmp_path, model: str, tokenizer, policy: str, **config):
