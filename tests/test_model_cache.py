@@ -17,6 +17,7 @@ CTRL_C_DURING_THE_SAVE = textwrap.dedent("""
     from pathlib import Path
     from rollpacker.backends.models import tiny_random_llama
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as the trainer does: a CI runner may hand SIGINT ignored
     target = Path(sys.argv[1])
     sys.setswitchinterval(1e-5)  # the watcher runs within microseconds of the copy's folder appearing
     def press_ctrl_c_once_a_copy_is_written():
