@@ -301,6 +301,11 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
              + "; ".join(f"{p} {v['final']:.3f} (range {v['final_range']:.3f}, {v['seeds']} seed(s))"
                          for p, v in per_policy.items()) + ".", "",
              *(f"- {line}" for line in reading(per_policy, rows))]
+    if setting.get("design") == "tost":
+        from fidelity_equivalence import section_lines
+
+        test_plot = plot_path.with_name(plot_path.stem + "-equivalence.png")
+        lines[1:1] = ["", *section_lines(curves, setting, target, test_plot), f"(plot: `{_relative(test_plot)}`)"]
     text = "\n".join(lines)
     if results is not None:
         write_section(f"{TITLE} ({setting.get('setting', metrics.name)})", text, path=results)

@@ -2,8 +2,7 @@
 held-out evaluations, a second call resumes it where the first stopped, a run whose state is gone is
 refused rather than restarted (--restart-lost trains it again from step 0, a chunk at a time: a fresh
 turn, then a turn that resumes it), and the plot and the RESULTS.md section come from the committed metrics
-alone (the run directories deleted).  The held-out set itself: a fixed pool of problems, less
-those the run trains."""
+alone (the run directories deleted).  The held-out set itself: test_held_out.py."""
 
 from __future__ import annotations
 
@@ -94,27 +93,6 @@ def test_eval_every_is_checked_before_any_model_loads(tmp_path):
         proc = subprocess.run([sys.executable, "reference/train.py", *map(str, flags), "--out", str(tmp_path / "run")],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and line in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-
-
-def test_held_out_set_is_a_fixed_pool_less_the_run_s_training_rows():
-    from rollpacker.backends.data.tasks import make_problems, rows_from_problems
-    from rollpacker.core.errors import ConfigError
-    from rollpacker.train.evaluation import EVAL_SEED, held_out_rows
-
-    def questions(rows) -> list[str]:
-        return [r.messages[0]["content"] for r in rows]
-
-    pool = rows_from_problems(make_problems(["chain_sum"], size=64, seed=EVAL_SEED))
-    training = {seed: rows_from_problems(make_problems(["chain_sum"], size=256, seed=seed)) for seed in (0, 1)}
-    for seed, rows in training.items():  # the pool's problems in order, those the seed trains left out
-        held = questions(held_out_rows(["chain_sum"], 32, rows))
-        assert held == [q for q in questions(pool) if q not in set(questions(rows))][:32]
-        assert held == questions(held_out_rows(["chain_sum"], 32, rows))  # the same every time
-    some = pool[:40:2]  # a run whose training rows include 20 of the held-out pool's problems
-    left = questions(held_out_rows(["chain_sum"], 32, some))
-    assert len(left) == 32 and not set(left) & set(questions(some))
-    with pytest.raises(ConfigError, match=r"--eval-prompts 32: the tasks give only 0 problems"):
-        held_out_rows(["chain_sum"], 32, pool)  # every held-out candidate is a training row
 
 
 def test_partial_runs_are_compared_over_the_steps_every_run_reached():

@@ -4,18 +4,19 @@ reward function; with --eval-samples N, also sampled N times a prompt as the run
 seeds (the reward of the policy as it is trained, which greedy decoding may not show: a small model's
 greedy reply can already be what training sharpens its samples towards).
 
-The prompts are the first --eval-prompts problems of the run's --tasks drawn with a seed of their own
-(`EVAL_SEED`) that are not among the run's training rows: every run of the same tasks and --seed (any
---policy) is scored on the same prompts; another --seed trains other rows, so the few problems of the
-pool it trains (easy tasks repeat short problems) are replaced by the next ones.
+The prompts are the first --eval-prompts distinct problems of the run's --tasks drawn with a seed of
+their own (`EVAL_SEED`): every run of the same tasks, whatever its --seed or --policy, is scored on the
+same prompts, and its training rows leave them out (a training row asking a held-out question is not
+trained; the trainer says how many).
 
 The evaluation has an engine of its own (a copy of the model; the trainer's weights are loaded into it
 before each evaluation) and a scoring worker of its own: nothing of the run's rollout (requests still
 being aborted, rewards of carried groups still in flight) is touched.  It runs between steps, after the
 step's state is saved, so no step's time (`step_s`) includes it; its own time is `eval_s`.  Each
-evaluation is one line of RUN_DIR/eval.jsonl: the steps trained before it, mean reward, mean response
-length, how many replies hit --max-tokens, and the seconds it took (with --eval-samples, the sampled
-replies' mean reward and length too).
+evaluation is one line of RUN_DIR/eval.jsonl: the steps trained before it, the set's digest, mean reward
+and each prompt's, mean response length, how many replies hit --max-tokens, a few replies as text, and
+the seconds it took (with --eval-samples, the sampled replies' mean reward and length, and each reply's
+reward by prompt).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ import attrs
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import GenerationRequest, GenerationResult, RewardJob
 from rollpacker.train.algorithm import SamplingOptions
-from rollpacker.train.prompts import RowPrompts
+from rollpacker.train.prompts import RowPrompts, question
 
 EVAL_SEED = 7_919
 """Seed of the held-out problems (no run's --seed enters it)."""
+REPLIES_KEPT = 3
+"""Prompts whose replies each evaluation keeps as text."""
 
 
 def generate_all(engine, requests: Sequence[GenerationRequest]) -> dict[str, GenerationResult]:
@@ -60,32 +63,39 @@ def score_all(rewards, jobs: Sequence[RewardJob]) -> dict[str, tuple[float, bool
     return outcomes
 
 
-def held_out_rows(tasks: Sequence[str] | None, num_prompts: int, training_rows) -> list:
-    """`num_prompts` PromptRows of `tasks` (None: the default mix) drawn with EVAL_SEED, none whose
-    question is a training row's; a ConfigError when the tasks cannot give that many."""
+def held_out_rows(tasks: Sequence[str] | None, num_prompts: int) -> list:
+    """`num_prompts` PromptRows of `tasks` (None: the default mix) drawn with EVAL_SEED, no two asking
+    the same question: one set for every run of those tasks, whatever its --seed or --policy (the run's
+    training rows leave these out: `without_held_out`).  A ConfigError when the tasks cannot give that many."""
     from rollpacker.backends.data.tasks import make_problems, rows_from_problems
 
-    trained = {row.messages[0]["content"] for row in training_rows}
-    rows = [row for row in rows_from_problems(make_problems(tasks, size=2 * num_prompts, seed=EVAL_SEED))
-            if row.messages[0]["content"] not in trained][:num_prompts]
+    rows: dict[str, object] = {}
+    for row in rows_from_problems(make_problems(tasks, size=4 * num_prompts, seed=EVAL_SEED)):
+        rows.setdefault(question(row), row)  # easy tasks repeat short problems: the first of each is kept
     if len(rows) < num_prompts:
-        raise ConfigError(f"--eval-prompts {num_prompts}: the tasks give only {len(rows)} problems that are not "
-                          f"training rows; lower --eval-prompts")
-    return rows
+        raise ConfigError(f"--eval-prompts {num_prompts}: the tasks give only {len(rows)} distinct problems; lower "
+                          f"--eval-prompts")
+    return list(rows.values())[:num_prompts]
+
+
+def set_id(rows: Sequence) -> str:
+    """A short digest of the rows' questions, in order: runs scored on the same held-out set share it."""
+    import hashlib
+
+    return hashlib.sha1("\n\0".join(question(row) for row in rows).encode()).hexdigest()[:12]
 
 
 class HeldOutEval:
     """The held-out set of a run, with the engine and the scoring worker that evaluate it."""
 
-    def __init__(self, config, model_dir, device: str, training) -> None:
-        """`training`: the run's RowPrompts (its rows are left out, its tokenizer renders the prompts)."""
+    def __init__(self, config, model_dir, device: str, rows: Sequence, tokenizer) -> None:
+        """`rows`: the held-out set (`held_out_rows`), rendered with the run's `tokenizer`."""
         from rollpacker.backends.data.rows import render_rows
         from rollpacker.backends.embedded.engine import EmbeddedEngine
 
-        rows = held_out_rows(list(config.tasks) or None, config.eval_prompts, training.rows)
-        rows, ids, _ = render_rows(rows, training.tokenizer, context=None, max_tokens=config.max_tokens,
-                                   skip_long=False)
-        self.prompts = RowPrompts(rows, ids, training.tokenizer, config.reward_deadline_s)
+        rows, ids, _ = render_rows(rows, tokenizer, context=None, max_tokens=config.max_tokens, skip_long=False)
+        self.prompts = RowPrompts(rows, ids, tokenizer, config.reward_deadline_s)
+        self.set_id = set_id(rows)
         self.max_tokens, self.samples = config.max_tokens, config.eval_samples
         self.sampling = config.options(SamplingOptions)
         self.engine = EmbeddedEngine(model_dir, capacity=len(rows), dtype=config.dtype, device=device,
@@ -106,11 +116,23 @@ class HeldOutEval:
                 for i, r in enumerate(greedy + sampled)]
         scores = score_all(self.rewards, jobs)
         record = {"step": step, **_scored("eval", greedy, results, scores), "eval_prompts": n,
+                  "eval_set": self.set_id,
                   "eval_truncated": sum(results[r.request_id].finish_reason == "length" for r in greedy),
-                  "eval_failed": sum(failed for _, failed in scores.values())}
+                  "eval_failed": sum(failed for _, failed in scores.values()),
+                  "eval_scores": [scores[r.request_id][0] for r in greedy]}
         if sampled:
-            record.update(_scored("eval_sampled", sampled, results, scores), eval_samples=self.samples)
+            record.update(_scored("eval_sampled", sampled, results, scores), eval_samples=self.samples,
+                          eval_sampled_scores=[[scores[r.request_id][0] for r in sampled[i::n]] for i in range(n)])
+        record["eval_replies"] = self.replies(greedy, sampled, results)
         return {**record, "eval_s": round(time.perf_counter() - start, 3)}
+
+    def replies(self, greedy, sampled, results, shown: int = REPLIES_KEPT) -> list[dict]:
+        """The first `shown` prompts' greedy reply and first sampled one, as text (a sample to read)."""
+        text = lambda request: self.prompts.tokenizer.decode(  # noqa: E731
+            list(results[request.request_id].token_ids), skip_special_tokens=True)
+        n = len(greedy)
+        return [{"prompt": i, "greedy": text(greedy[i]), **({"sampled": text(sampled[i])} if sampled else {})}
+                for i in range(min(shown, n))]
 
     def close(self) -> None:
         for part in (self.rewards, self.engine):

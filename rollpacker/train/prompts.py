@@ -35,15 +35,33 @@ class RowPrompts:
         return RewardJob(request_id, row.data_source, entry, text, self.deadline_s)
 
 
-def load_prompts(config: RunConfig, model_dir: Path) -> RowPrompts:
+def question(row) -> str:
+    """The text a row asks: what makes two problems the same."""
+    return row.messages[0]["content"]
+
+
+def without_held_out(rows: Sequence, held_out: Sequence) -> list:
+    """`rows` less those asking a held-out question (the training set of a run with --eval-every)."""
+    held = {question(row) for row in held_out}
+    return [row for row in rows if question(row) not in held]
+
+
+def load_prompts(config: RunConfig, model_dir: Path, held_out: Sequence = ()) -> RowPrompts:
     """The run's rows rendered with the model's tokenizer (loaded alone: the weights are not read
-    yet), each checked against the context; prints what was read and anything skipped."""
+    yet), each checked against the context, less those asking a `held_out` question; prints what was
+    read and anything skipped or left out."""
     from transformers import AutoTokenizer
 
     from rollpacker.backends.models import read_config_json
     from rollpacker.backends.data.rows import render_rows
 
     rows = config.load_rows()
+    if held_out:
+        trained = without_held_out(rows, held_out)
+        print(f"held-out set: {len(held_out)} problems (the same for every --seed and --policy of these tasks); "
+              f"{len(rows) - len(trained)} of the {len(rows)} training problems ask one of them and are left out",
+              flush=True)
+        rows = trained
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     context = read_config_json(model_dir).get("max_position_embeddings")
     kept, ids, skipped = render_rows(rows, tokenizer, context=context, max_tokens=config.max_tokens,

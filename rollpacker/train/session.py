@@ -19,6 +19,7 @@ from rollpacker.driver import LoopConfig, StepLoop, sync_weights
 from rollpacker.plugins import SAVED_KEY, plugin_modules
 from rollpacker.train.algorithm import SamplingOptions
 from rollpacker.train.config import RunConfig, resolve_device
+from rollpacker.train.evaluation import held_out_rows
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.prompts import RowPrompts, load_prompts
 from rollpacker.train.ranks import LeaderTrainer, follow
@@ -64,7 +65,8 @@ class Session:
         self.model_dir = models.resolve_model(config.model)
         read_hf_config(self.model_dir)  # unsupported architecture: fail before anything heavy
         on_phase("reading the prompts" + (f" of {config.dataset}" if config.dataset else ""))
-        self.prompts = load_prompts(config, self.model_dir)  # a row too long fails here, before the weights
+        held_out = held_out_rows(list(config.tasks) or None, config.eval_prompts) if config.eval_every else []
+        self.prompts = load_prompts(config, self.model_dir, held_out)  # a row too long fails here, before the weights
         self.device = resolve_device(config.device)
         # before any weights load: on CPU the plan's runtime item is what the process holds now
         self.memory_plan = plan_run_memory(config, self.model_dir, self.prompts, self.device)
@@ -104,7 +106,7 @@ class Session:
         if config.eval_every:
             from rollpacker.train.evaluation import HeldOutEval
 
-            self.evaluator = HeldOutEval(config, self.model_dir, self.device, self.prompts)
+            self.evaluator = HeldOutEval(config, self.model_dir, self.device, held_out, self.prompts.tokenizer)
         self.loop = StepLoop(self.scheduler, self.engine, self.rewards, self.trainer, self.prompts,
                              loop_config(config),
                              on_progress=on_progress)
