@@ -15,9 +15,10 @@ Four parts, all on this machine, one after another (nothing else should run besi
 2. **Fit the rest**: the trainer (`time_trainer`: forward and backward of micro-batches on a grid of
    rows, prompt and response tokens, and an optimizer step; `rollpacker.sim.stages.fit_train`); then a
    short sync run of the reference trainer replaying the fit workload (`--fit-workload`, default
-   azure-conv), whose rounds, beside their prediction, give the engine time each ended request costs
-   the driver (`EngineProfile.event_s`: the core's events and the reward job share the engine's
-   interpreter and cores here), and whose step records give the scorer's latency and the weight sync.
+   azure-conv), whose rounds, beside their prediction, give the engine time each decode step loses on the
+   live path (`EngineProfile.step_s`: the driver's thread shares the engine's interpreter and cores here;
+   on SGLang, whose trainer trains beside the rollout, the time each finished request costs instead,
+   `event_s`), and whose step records give the scorer's latency and the weight sync.
 3. **Measure**: for each policy and seed, the reference trainer's real path (`Session`: the core, the
    live driver, the real engine decoding real tokens, real reward workers, the real trainer, weights
    synced each step) with `--replay-lengths` on the check workload (`--workload`, default servegen-r1):
@@ -57,7 +58,7 @@ from sim_vs_real_report import headline, profile_line, report, round_rows  # noq
 from rollpacker.core import BatcherConfig  # noqa: E402
 from rollpacker.sim.config import SimConfig  # noqa: E402
 from rollpacker.sim.constants import SimConstants  # noqa: E402
-from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_profile  # noqa: E402
+from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_profile, fit_step_s  # noqa: E402
 from rollpacker.sim.simulation import Simulation  # noqa: E402
 
 SECTION = "Simulator against real engines"
@@ -116,19 +117,44 @@ class Workload:
     scale_from: int
 
 
-def with_event_s(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
-                 micro_batch_tokens: int) -> EngineProfile:
-    """The profile with `event_s` fitted on the fit run's rounds (beside their prediction without it),
-    saved as `out`/profile.json."""
+PROBE_S = 1e-3
+"""The step_s of the fit's second prediction: the seconds it adds to a round, over it, are the round's decode steps."""
+
+
+def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
+                   micro_batch_tokens: int) -> EngineProfile:
+    """The profile with the live path's extra engine time fitted on the fit run's rounds (beside their
+    prediction without it), saved as `out`/profile.json: `step_s` a decode step where training waits for the
+    round (colocated: what shares the engine mid-round is the driver, once per engine step), `event_s` a
+    finished request where the trainer trains beside the rollout (SGLang here: its micro-batches follow the
+    finished requests)."""
     profile_path = out / "profile.json"
-    attrs.evolve(profile, event_s=0.0).save(profile_path)
     instances = 2 if args.engine == "sglang" else 1
-    guess = predict(args, profile_path, "sync", 0, Workload(args.fit_workload, args.fit_scale_from), len(fit_records),
-                    stages, micro_batch_tokens, instances)
-    profile = attrs.evolve(profile, event_s=fit_event_s(
-        [(r["rollout_s"], finished(r)) for r in fit_records[1:]], [g["rollout_s"] for g in guess[1:]]))
+    guesses = []
+    for step_s in (0.0, PROBE_S):
+        attrs.evolve(profile, step_s=step_s, event_s=0.0).save(profile_path)
+        guess = predict(args, profile_path, "sync", 0, Workload(args.fit_workload, args.fit_scale_from),
+                        len(fit_records), stages, micro_batch_tokens, instances)
+        guesses.append([g["rollout_s"] for g in guess[1:]])
+    measured = [r["rollout_s"] for r in fit_records[1:]]
+    if streams_training(args):
+        profile = attrs.evolve(profile, step_s=0.0, event_s=fit_event_s(
+            list(zip(measured, map(finished, fit_records[1:]))), guesses[0]))
+    else:
+        steps = [(probed - plain) / PROBE_S for plain, probed in zip(*guesses)]
+        profile = attrs.evolve(profile, event_s=0.0, step_s=fit_step_s(measured, guesses[0], steps))
     profile.save(profile_path)
     return profile
+
+
+def streams_training(args) -> bool:
+    """Whether the measured run trains beside the rollout (not --colocate: `run_flags`)."""
+    return args.engine == "sglang"
+
+
+def finished(record: dict) -> int:
+    """Requests of a step that finished (not aborted)."""
+    return sum(1 for q in record["requests"] if q[2] != "abort")
 
 
 def refit(result: dict, out: Path) -> dict:
@@ -141,14 +167,9 @@ def refit(result: dict, out: Path) -> dict:
                           max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
                           admit_fraction=old.admit_fraction)
     records = [json.loads(line) for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
-    profile = with_event_s(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,
+    profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,
                            result["stages"], result["micro_batch_tokens"])
     return {**result, "profile": profile.to_dict(), "refit": True}
-
-
-def finished(record: dict) -> int:
-    """Requests of a step that finished (not aborted)."""
-    return sum(1 for q in record["requests"] if q[2] != "abort")
 
 
 def sim_constants(stages: dict, stream: bool = False) -> SimConstants:
@@ -177,7 +198,7 @@ def predict(args, profile_path: Path, policy: str, seed: int, workload: Workload
                        engine_profile=str(profile_path), bubble_capacity=args.capacity)
     lengths = prompt_lengths(args, seed)
     replay = ReplayOptions(replay_lengths=workload.name, replay_scale_from=workload.scale_from)
-    sim = Simulation(config, sim_constants(stages, stream=args.engine == "sglang"), workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
+    sim = Simulation(config, sim_constants(stages, stream=streams_training(args)), workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
                      batcher=BatcherConfig(token_budget=micro_batch_tokens))
     return sim.run()["steps"]
 
@@ -233,7 +254,7 @@ def run(args) -> dict:
         stages = calibrate_trainer(args, tokens)
         stages |= {"reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in fit_records[1:]), 1e-4),
                    "optimizer_s": stages["optimizer_s"] + statistics.median(r["sync_s"] for r in fit_records[1:])}
-        profile = with_event_s(args, profile, out, fit_records, stages, tokens)
+        profile = with_live_term(args, profile, out, fit_records, stages, tokens)
         profile_path = out / "profile.json"
         print(f"stages: {stages}\nprofile: {profile_line(profile)}", flush=True)
         check = Workload(args.workload, args.scale_from)
@@ -280,8 +301,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="default: bfloat16 on cuda, else float32")
     ap.add_argument("--model", default="tiny", help="tiny (a random 2-layer Llama), default (SmolLM2-135M-Instruct) or a directory")
     ap.add_argument("--workload", default="servegen-r1", help="the check workload (a built-in trace)")
-    ap.add_argument("--fit-workload", default="azure-conv", help="the workload of the run that fits the driver's share "
-                    "(event_s) and the scorer's latency")
+    ap.add_argument("--fit-workload", default="azure-conv", help="the workload of the run that fits the live path's "
+                    "share of a decode step (step_s) and the scorer's latency")
     ap.add_argument("--fit-scale-from", type=int, default=1000, help="fit workload's trace tokens that map to "
                     "--max-tokens (azure-conv's cap is 1000)")
     ap.add_argument("--policies", default="sync,tail,sorted")

@@ -14,7 +14,8 @@ from rollpacker.sim.engine_profile import EngineProfile
 def profile_line(p: EngineProfile) -> str:
     return (f"t0 {p.t0 * 1e3:.2f} ms, t1 {p.t1 * 1e3:.3f} ms/row, t2 {p.t2 * 1e6:.3f} us/context token, "
             f"prefill {p.prefill_t1 * 1e6:.1f} us/token + t0, run overhead {p.run_overhead_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms, "
-            f"{p.event_s * 1e3:.2f} ms a finished request; "
+            + (f"live path {p.event_s * 1e3:.2f} ms a finished request" if p.event_s else
+             f"live path {p.step_s * 1e3:.2f} ms a decode step") + "; "
             f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")
 
 
@@ -71,7 +72,7 @@ def report(result: dict) -> str:
              f"out), training " + ("streamed beside the rollout (the servers are processes of their own)" if a.engine == "sglang" else "colocated") + "." + (" The profile and every prediction were made again from these "
              "measurements (`--report DIR --refit`) after the latency model's terms were fixed." if result.get("refit")
              else ""), "",
-             f"Profile (decode and prefill fitted on the calibration grid, event_s on the fit workload's sync run): "
+             f"Profile (decode and prefill fitted on the calibration grid, the live path's term on the fit workload's sync run): "
              f"{profile_line(EngineProfile(**result['profile']))}.",
              "Other stages (the trainer calibrated on its own grid; the scorer's latency and the weight sync from the "
              "fit run): " + ", ".join(f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",

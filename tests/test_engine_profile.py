@@ -10,7 +10,7 @@ import pytest
 
 from rollpacker.sim.cli import main as simulate
 from rollpacker.sim.config import SimConfig
-from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_profile, load_profile
+from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_profile, fit_step_s, load_profile
 from rollpacker.sim.simulation import Simulation
 
 TRUE = {"run_overhead_s": 0.012, "prefill_t1": 9e-6, "t0": 0.0035, "t1": 0.0005, "t2": 2e-7}
@@ -83,6 +83,24 @@ def test_a_lone_request_on_a_profile_takes_the_profiles_time(tmp_path):
     p, n = 256, 100  # (a JSONL workload's prompts are 256 tokens)
     decode = n * (fitted.t0 + fitted.t1 + fitted.t2 * p) + fitted.t2 * n * n / 2
     assert step["rollout_s"] == pytest.approx(fitted.t0 + fitted.prefill_t1 * p + decode, rel=1e-6)
+
+
+def test_the_live_paths_step_s_is_paid_by_each_decode_step_and_not_by_the_prefill(tmp_path):
+    """step_s (the live path's share of each engine step) adds to every decode step's fixed cost; the
+    admission's prefill, part of the same engine step, pays t0 only; a finished request costs nothing more."""
+    plain, _ = run_sync(tmp_path, profile(), [40, 80, 120], 3)
+    charged, intervals = run_sync(tmp_path, attrs.evolve(profile(), step_s=0.002), [40, 80, 120], 3)
+    assert charged["rollout_s"] == pytest.approx(plain["rollout_s"] + 120 * 0.002, rel=1e-9)
+    [prefill] = [b - a for a, b, _, kind in intervals if kind == "prefill"]
+    assert prefill == pytest.approx(profile().t0 + profile().prefill_t1 * 3 * 256, rel=1e-9)
+    assert not any(kind == "event" for *_, kind in intervals)
+
+
+def test_step_s_is_fitted_per_decode_step_of_the_live_rounds():
+    """Rounds of 50 and 100 decode steps, each 3 ms a step slower than predicted without step_s: 3 ms; a round
+    the model already over-predicts does not make it negative."""
+    assert fit_step_s([1.15, 2.3, 0.9], [1.0, 2.0, 0.75], [50, 100, 50]) == pytest.approx(0.003)
+    assert fit_step_s([1.0], [1.2], [50]) == 0.0
 
 
 def run_sync(tmp_path, fitted, lengths, samples) -> tuple[dict, list]:

@@ -2,7 +2,8 @@
 benchmarks/sim_vs_real.py (the tiny model on the embedded engine, this machine kind: sync, tail and SortedRL
 on servegen-r1 replayed through the real rollout path) is predicted again by this tree's simulator from the
 engine profile and stages it was measured with, and must stay within the bounds it met: a latency-model term
-broken by hand (a decode step that ignores its batch, a prefill that costs nothing) fails it."""
+broken by hand (a decode step that ignores its batch, a prefill that costs nothing, the live path's step_s
+dropped) fails it."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ import sim_vs_real  # noqa: E402
 from sim_vs_real_report import error, summarize  # noqa: E402
 
 MEASURED = ROOT / "benchmarks" / "sim_vs_real" / "embedded-tiny.json"
-ROUND_BOUND = {"sync": 0.10, "tail": 0.25, "sorted": 0.30}
+ROUND_BOUND = {"sync": 0.10, "tail": 0.15, "sorted": 0.20}
 """Median over a run's rounds of |predicted / measured - 1| of the rollout, for every seed: what the committed
-measurement met (README, "The simulator against real engines", says which terms leave tail and sorted there)."""
-RATIO_BOUND = {"tail": 0.10, "sorted": 0.15}
+measurement met (sync 5.8-8.0%, tail 2.4-12.0%, SortedRL 4.2-17.3%), with a little room.  Without the live
+path's cost per decode step (`EngineProfile.step_s`), or with it charged per finished request instead, tail and
+SortedRL's rounds miss it (their many finished and admitted requests over few decode steps)."""
+RATIO_BOUND = {"tail": 0.05, "sorted": 0.06}
 """|predicted / measured - 1| of the median over seeds of the sync/policy step-time ratio."""
 
 

@@ -17,7 +17,9 @@ tokens each generating n tokens, submitted together, `seconds` from submission t
 
 (the prefill is one forward more: n + 1 forwards' fixed cost; `run_overhead_s`, the submission and the last
 answer's way back, is measured and left out of the simulation, as a live round pays it once, not per
-admission)
+admission).  On the live rollout path a decode step costs more than on the grid (the driver shares the
+engine's interpreter and cores): `step_s`, fitted on a live run's rounds (`fit_step_s`), is added to
+each decode step's fixed cost.
 
 linear in the five constants, so a least-squares fit (constants held >= 0) over a grid of (b, p, n);
 `rollpacker.backends.calibration` times such runs on any rollout engine.
@@ -77,11 +79,17 @@ class EngineProfile:
     the last answer coming back (measured; not simulated)."""
     abort_s: float = field(default=0.0, validator=non_negative_number)
     """Seconds from an abort to its result (measured; the simulator's aborts are instantaneous)."""
+    step_s: float = field(default=0.0, validator=non_negative_number)
+    """Engine seconds each decode step loses on the live rollout path beyond the calibration grid's: the
+    driver's thread (the core's events, the token store, reward staging) sharing the engine's interpreter
+    and cores (on SGLang here, the trainer too); fitted on a run of the whole rollout path (`fit_step_s`),
+    0 from the grid alone.  A decode step's fixed cost in the simulation is t0 + step_s; an admission's
+    prefill is part of the same engine step and pays t0 only."""
     event_s: float = field(default=0.0, validator=non_negative_number)
-    """Engine seconds lost to each request that finishes: the driver's handling of it (the core's events,
-    the reward job) when it shares the engine's cores or interpreter; fitted on a run of the whole
-    rollout path (`fit_event_s`), 0 from the calibration grid alone.  Aborts are not charged: one call
-    aborts many, and nothing is scored."""
+    """Engine seconds lost to each request that finishes (aborts are not charged): fitted (`fit_event_s`)
+    instead of `step_s` where the trainer trains beside the rollout on the engine's cores (its micro-batches
+    follow the finished requests); 0 where training waits for the round's end (colocated), whose rounds'
+    extra cost grows with their decode steps, not their finished requests."""
     max_running: int = field(validator=positive)
     """Requests the engine decodes at once."""
     admit_fraction: float = field(default=0.0, validator=non_negative_number)
@@ -94,7 +102,7 @@ class EngineProfile:
     """How the constants were found: runs, residuals."""
 
     def cost(self) -> ProfileCost:
-        return ProfileCost(t0=self.t0, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
+        return ProfileCost(t0=self.t0 + self.step_s, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
                            admit_fraction=self.admit_fraction)
 
@@ -150,7 +158,7 @@ def load_profile(path: str | Path) -> EngineProfile:
     if missing or unknown:
         what = f"missing {', '.join(missing)}" if missing else f"unknown field {unknown[0]!r}"
         raise ProfileError(f"--engine-profile {path}: {what} (fields: {', '.join(sorted(names))})")
-    for name in TERMS + ("abort_s", "event_s", "admit_fraction", "max_running", "kv_capacity"):
+    for name in TERMS + ("abort_s", "step_s", "event_s", "admit_fraction", "max_running", "kv_capacity"):
         value = data.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
@@ -189,6 +197,14 @@ def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date:
     fit = {"runs": [[r.rows, r.prompt, r.new, round(r.seconds, 4)] for r in runs],
            "median_abs_error": float(np.median(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
     return attrs.evolve(profile, fit=fit)
+
+
+def fit_step_s(measured: list[float], without: list[float], steps: list[float]) -> float:
+    """`EngineProfile.step_s` from rounds of a run of the whole rollout path: their measured rollout seconds,
+    the seconds predicted without it, and the seconds a second more per decode step adds to each predicted
+    round (its decode steps); the median of the rounds' unexplained seconds per decode step, >= 0."""
+    per_step = [(seconds - guess) / n for seconds, guess, n in zip(measured, without, steps) if n > 0]
+    return max(0.0, float(np.median(per_step))) if per_step else 0.0
 
 
 def fit_event_s(measured: list[tuple[float, int]], predicted: list[float]) -> float:
