@@ -95,7 +95,8 @@ def run_row(c: Curve, level: float | None, key: str = "eval_reward") -> dict:
             "eval_prompts": evals[-1]["eval_prompts"] if evals else None,
             "sampled_start": evals[0].get("eval_sampled_reward") if evals and evals[0]["step"] == 0 else None,
             "sampled_final": _mean(e["eval_sampled_reward"] for e in trained[-LAST:] if "eval_sampled_reward" in e),
-            "eval_samples": evals[-1].get("eval_samples") if evals else None}
+            "eval_samples": evals[-1].get("eval_samples") if evals else None,
+            "eval_set": evals[-1].get("eval_set") if evals else None}
 
 
 def level_key(curves: list[Curve]) -> str:
@@ -159,7 +160,7 @@ def reading(per_policy: dict[str, dict], rows: list[dict]) -> list[str]:
                        if r["sampled_start"] is not None and r["sampled_final"] is not None else "")
             lines.append(f"sync seed {r['seed']}: held-out reward {r['eval_start']:.3f} before training, "
                          f"{r['eval_final']:.3f} at the end ({r['eval_final'] - r['eval_start']:+.3f}){sampled}.")
-    if len({r["seed"] for r in rows}) > 1:
+    if len({r["seed"] for r in rows}) > 1 and any(r.get("eval_set") is None for r in rows):
         lines.append("Each seed is scored on a held-out set of its own (the pool less the problems that seed trains), "
                      "so seeds start at different levels: a policy is compared with sync seed by seed, and the seed "
                      "spread is the range of the gains (final - before training) between seeds.")
@@ -196,7 +197,8 @@ def _against(p: dict, sync: dict, key: str, spread_key: str, seeds_key: str, per
     signs = {d > 0 for _, d in per_seed}
     seeds = ", ".join(f"seed {seed} {d:+.3f}" for seed, d in per_seed)
     return (f"{diff:+.3f} ({seeds}: {'the same sign in every seed' if len(signs) == 1 else 'the seeds disagree'}; "
-            f"{'beyond' if abs(diff) > spread else 'within'} the larger seed spread, {spread:.3f})")
+            f"{'beyond' if abs(diff) > spread else 'within'} the larger seed spread, {spread:.3f}; "
+            f"{len(per_seed)} seed(s): a description, not a test)")
 
 
 def _f(value, fmt: str = ".3f") -> str:

@@ -53,11 +53,13 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=512)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tasks", nargs="+", default=None, help="tasks to sample (default: the default mix)")
     parser.add_argument("--write-results", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
 
     model, tokenizer = load_model(None, dtype=args.dtype)
-    problems = make_problems(DEFAULT_MIX, size=args.prompts * len(DEFAULT_MIX), seed=args.seed)
+    mix = args.tasks or DEFAULT_MIX
+    problems = make_problems(mix, size=args.prompts * len(mix), seed=args.seed)
     requests, owner = [], {}
     for i, p in enumerate(problems):
         ids = tuple(render_prompt(tokenizer, p))

@@ -162,7 +162,7 @@ def test_policies_are_compared_seed_by_seed_against_the_spread_of_their_gains():
     per_policy = policy_rows(rows)
     assert round(per_policy["sync"]["final_range"], 3) == 0.15 and round(per_policy["tail"]["spread"], 3) == 0.01
     line = next(x for x in reading(per_policy, rows) if x.startswith("tail - sync"))
-    assert "+0.055 (seed 0 +0.060, seed 1 +0.050: the same sign in every seed; beyond the larger seed spread, 0.010)" in line
+    assert "+0.055 (seed 0 +0.060, seed 1 +0.050: the same sign in every seed; beyond the larger seed spread, 0.010; 2 seed(s): a description, not a test)" in line
     rows[3] = row("tail", 1, 0.35, 0.40)  # seed 1: tail behind
     line = next(x for x in reading(policy_rows(rows), rows) if x.startswith("tail - sync"))
-    assert "(seed 0 +0.060, seed 1 -0.050: the seeds disagree; within the larger seed spread, 0.110)" in line
+    assert "(seed 0 +0.060, seed 1 -0.050: the seeds disagree; within the larger seed spread, 0.110; 2 seed(s)" in line
