@@ -65,3 +65,25 @@ def test_score_right_wrong_and_free_form():
     assert score("gsm_symbolic", g.entry, f"$\\boxed{{{g.answer}}}$ (2 steps)") == 1.0
     c = make_problems(["countdown"], size=1, seed=1)[0]
     assert score("countdown", c.entry, f"Here it is:\n{c.answer}") == 1.0
+
+
+def test_tasks_take_weights_and_a_bad_one_is_named():
+    from rollpacker.backends.data.tasks import task_mix
+
+    assert task_mix(["basic_arithmetic:3", "gsm_symbolic"]) == {"basic_arithmetic": 3.0, "gsm_symbolic": 1.0}
+    assert task_mix([]) is None
+    for item in ("basic_arithmetic:x", "basic_arithmetic:0", "basic_arithmetic:-1", "basic_arithmetic:nan"):
+        with pytest.raises(ConfigError, match=rf"--tasks '{item}': a weight is a number > 0"):
+            task_mix([item])
+    with pytest.raises(UnknownTask):
+        task_mix(["nope:2"])
+    counts = [p.task for p in make_problems(task_mix(["basic_arithmetic:3", "gsm_symbolic:1"]), size=40, seed=0)]
+    assert (counts.count("basic_arithmetic"), counts.count("gsm_symbolic")) == (30, 10)
+
+
+def test_a_weighted_mix_reaches_the_trainer_s_rows():
+    from rollpacker.train.config import parse
+
+    config = parse(["--tasks", "basic_arithmetic:3", "gsm_symbolic:1", "--dataset-size", "40"])
+    tasks = [row.data_source for row in config.load_rows()]
+    assert (tasks.count("basic_arithmetic"), tasks.count("gsm_symbolic")) == (30, 10)

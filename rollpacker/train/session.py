@@ -19,6 +19,7 @@ from rollpacker.driver import LoopConfig, StepLoop, sync_weights
 from rollpacker.plugins import SAVED_KEY, plugin_modules
 from rollpacker.train.algorithm import SamplingOptions
 from rollpacker.train.config import RunConfig, resolve_device
+from rollpacker.backends.data.tasks import task_mix
 from rollpacker.train.evaluation import held_out_rows
 from rollpacker.train.outputs import RunDir
 from rollpacker.train.prompts import RowPrompts, load_prompts
@@ -65,7 +66,7 @@ class Session:
         self.model_dir = models.resolve_model(config.model)
         read_hf_config(self.model_dir)  # unsupported architecture: fail before anything heavy
         on_phase("reading the prompts" + (f" of {config.dataset}" if config.dataset else ""))
-        held_out = held_out_rows(list(config.tasks) or None, config.eval_prompts) if config.eval_every else []
+        held_out = held_out_rows(task_mix(config.tasks), config.eval_prompts) if config.eval_every else []
         self.prompts = load_prompts(config, self.model_dir, held_out)  # a row too long fails here, before the weights
         self.device = resolve_device(config.device)
         # before any weights load: on CPU the plan's runtime item is what the process holds now

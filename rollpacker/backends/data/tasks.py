@@ -78,6 +78,22 @@ class Problem:
     entry: Mapping[str, Any]
 
 
+def task_mix(names: Sequence[str]) -> dict[str, float] | None:
+    """--tasks as a mix: each item NAME (weight 1) or NAME:WEIGHT (a number > 0); None for no items
+    (the default mix).  A ConfigError names a bad item."""
+    mix: dict[str, float] = {}
+    for item in names:
+        name, _, weight = item.partition(":")
+        task_spec(name)
+        try:
+            mix[name] = float(weight) if weight else 1.0
+        except ValueError:
+            mix[name] = float("nan")
+        if not mix[name] > 0:
+            raise ConfigError(f"--tasks {item!r}: a weight is a number > 0 (NAME or NAME:WEIGHT)")
+    return mix or None
+
+
 def make_problems(mix: Mapping[str, float] | Sequence[str] | None = None, size: int = 256, seed: int = 0) -> list[Problem]:
     """`size` problems drawn from the tasks of `mix` (weights, or names with equal weight; None:
     `DEFAULT_MIX`), deterministic in `seed`, interleaved in a seeded order."""
