@@ -1,11 +1,13 @@
-"""Fidelity: does tail batching learn what sync learns?  Reward curves of three policies from the same
+"""Fidelity: does tail batching learn what sync learns?  Reward curves of policies from the same
 weights, seed and data order: sync; RollPacker tail at its default knobs; tail with unbiased groups
-(--tail.eta-responses 1.0).  The one driver of these runs (benchmarks/gpu_campaign.py's fidelity part
-calls it with the `gpu` setting).
+(--tail.eta-responses 1.0).  The settings (benchmarks/fidelity_settings.py) `cpu-tost` and `gpu-tost`
+carry a pre-registered design: sync and tail on 4 paired seeds, tested for equivalence
+(benchmarks/fidelity_equivalence.py).  The one driver of these runs (benchmarks/gpu_campaign.py's
+fidelity part calls it with the `gpu-tost` setting).
 
-    nice -n 19 python benchmarks/fidelity.py &            # CPU: advance every run, one at a time; resumable
-    python benchmarks/fidelity.py --report                # the plot and the RESULTS.md section only
-    python benchmarks/fidelity.py --setting gpu --seeds 0 --budget-s 420    # one GPU call (gpu_campaign.py)
+    nice -n 19 python benchmarks/fidelity.py --setting cpu-tost &   # CPU: advance every run, one at a time; resumable
+    python benchmarks/fidelity.py --setting cpu-tost --report       # the plot and the RESULTS.md section only
+    python benchmarks/fidelity.py --setting gpu-tost --budget-s 420 # one GPU call (gpu_campaign.py)
 
 Each run is `reference/train.py` with the setting's flags (SETTINGS), its policy, its --seed and
 --eval-every: a held-out set scored greedily every few steps, outside the timed steps
@@ -45,84 +47,14 @@ from attrs import frozen
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from results_md import RESULTS, write_section  # noqa: E402
+from fidelity_settings import POLICIES, SETTINGS  # noqa: E402  (gpu_campaign.py reads SETTINGS here)
+from results_md import RESULTS  # noqa: E402
 
-POLICIES = {"sync": ["--policy", "sync"], "tail": ["--policy", "tail"],
-            "tail-unbiased": ["--policy", "tail", "--tail.eta-responses", "1.0"]}
-"""Name -> train.py flags of each policy, in the order they run."""
 KEPT_FIELDS = ("step", "round", "mean_reward", "mean_kept_length", "mean_generated_length", "step_s", "rollout_s",
                "reward_s", "train_s", "kept_tokens", "generated_tokens", "wasted_tokens", "launched_requests",
                "trained_prompts", "nonzero_variance_groups", "on_policy_fraction", "loss", "entropy", "grad_norm",
                "bubble_ratio", "reward_failures", "device")
 """What the committed metrics keep of a step record (its per-request lists would be most of the bytes)."""
-
-
-@frozen
-class Setting:
-    """The sizes of one family of runs; every run of it differs only in policy and seed."""
-
-    flags: tuple[str, ...]
-    steps: int
-    what: str
-    """The setting in words, for the output and RESULTS.md."""
-    why: str = ""
-    """How it was chosen (measured), for RESULTS.md."""
-
-
-CPU_LR5E5_WHY = (
-    "How it was chosen, by measuring on this machine: SmolLM2-135M-Instruct's greedy replies to chain_sum and "
-    "basic_arithmetic are short (12 and 9 tokens on average over 24 problems each) and end with a number, so the "
-    "last-number extraction reads them; what fails is the arithmetic: greedy scored 0.08 on chain_sum and 0.50 "
-    "on basic_arithmetic, while sampled at temperature 1 (as training samples) the replies ramble and score "
-    "0.05 (chain_sum, a probe step at P=4 R=8, 96 tokens) and 0.06 (basic_arithmetic, this setting's first "
-    "step, a quarter of its groups holding a correct answer). basic_arithmetic leaves the wider room between "
-    "what sampling scores and what the model can already do, so GRPO has something to find in tens of steps; "
-    "lr 5e-5 (5x the trainer's default) so that it moves within them; 80 tokens cut 1 of the 48 greedy held-out "
-    "replies at step 0 while bounding the rambling ones. The first step took 246 s (rollout 74 s, training "
-    "169 s: about 15 trained tokens/s against 100-160 on an idle 2-core machine) under a load average of 15-18 "
-    "from other jobs, the runs at nice 19. On an idle machine a step would take some 30-40 s (estimated from those "
-    "rates and the engine's 124 tokens/s at 16 rows), a run of 60 steps about the 30-minute budget; here a run "
-    "takes hours, and spans sessions.")
-
-CPU_WHY = (
-    "How it was chosen, by measuring on this machine: the `cpu-lr5e-5` runs (below: the same task and sizes at "
-    "lr 5e-5) showed the trained samples' reward rising from 0.06 to about 0.3 within 8 steps while the greedy "
-    "held-out reward did not move beyond its noise (0.229 -> 0.190 after 60 steps of sync, seed 0), and the kept "
-    "length collapsing to about 9 tokens under every policy (tail's trained reward fell to 0.025). Training "
-    "sharpens the sampled replies towards what greedy decoding already writes (SmolLM2-135M-Instruct's greedy "
-    "replies are short and end with a number), so a greedy evaluation cannot show it: the held-out set is also "
-    "sampled as trained (--eval-samples 2, fixed seeds). A probe run of sync at lr 2e-5 (reference/train.py with "
-    "these flags less --eval-samples, seed 0, 24 steps, median step 49.9 s on the otherwise idle 2-core machine) kept "
-    "its length (6-step means of the launched length 28.0, 37.6, 36.1, 25.7 tokens) while its trained reward rose "
-    "(6-step means 0.107, 0.255, 0.344, 0.375); its greedy held-out reward read 0.229, 0.312, 0.292, 0.271, 0.250, "
-    "0.271, 0.354 at steps 0, 4, ..., 24 (one evaluation's standard error is up to 0.072). Hence lr 2e-5. "
-    "A run of 60 steps is about an hour here with its evaluations; six runs span sessions.")
-
-SETTINGS = {
-    "cpu": Setting(("--tasks", "basic_arithmetic", "--prompts", "4", "--samples", "8", "--max-tokens", "80", "--lr",
-                    "2e-5", "--dataset-size", "256", "--eval-every", "4", "--eval-prompts", "48", "--eval-samples", "2",
-                    "--dtype", "float32"),
-                   steps=60, what="basic_arithmetic (2 terms of 1-2 digits, + and -), P=4 R=8, 80 tokens, lr 2e-5, "
-                                  "fp32; held-out: 48 prompts, greedy and 2 sampled replies each, every 4 steps",
-                   why=CPU_WHY),
-    "cpu-lr5e-5": Setting(("--tasks", "basic_arithmetic", "--prompts", "4", "--samples", "8", "--max-tokens", "80",
-                           "--lr", "5e-5", "--dataset-size", "256", "--eval-every", "4", "--eval-prompts", "48",
-                           "--dtype", "float32"),
-                          steps=60, what="basic_arithmetic (2 terms of 1-2 digits, + and -), P=4 R=8, 80 tokens, lr "
-                                         "5e-5, fp32; held-out: 48 prompts, greedy, every 4 steps (the first "
-                                         "setting; superseded by `cpu`)",
-                          why=CPU_LR5E5_WHY),
-    "gpu": Setting(("--tasks", "basic_arithmetic", "--prompts", "8", "--samples", "8", "--max-tokens", "80", "--lr",
-                    "5e-5", "--dataset-size", "512", "--eval-every", "2", "--eval-prompts", "48", "--dtype", "float32",
-                    "--engine-capacity", "128"),
-                   steps=20, what="basic_arithmetic (2 terms of 1-2 digits, + and -), P=8 R=8, 80 tokens, lr 5e-5, "
-                                  "fp32; held-out: 48 prompts, greedy, every 2 steps; sized for one 8-minute call "
-                                  "(estimated, not yet measured on a GPU: ~40 s start, ~3.5 s a step, ~3 s an "
-                                  "evaluation per run)"),
-    "tiny": Setting(("--preset", "tiny_debug", "--tasks", "chain_sum", "--eval-every", "1", "--eval-prompts", "2",
-                     "--eval-samples", "2"),
-                    steps=2, what="tiny_debug sizes (CI)"),
-}
 
 
 @frozen
@@ -139,9 +71,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     from rollpacker.backends.models import cache_dir
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--setting", default="cpu", choices=sorted(SETTINGS), help="sizes of the runs (SETTINGS)")
-    ap.add_argument("--seeds", default="0,1", help="comma-separated seeds (each runs every policy)")
-    ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
+    ap.add_argument("--setting", default="cpu-tost", choices=sorted(SETTINGS), help="sizes of the runs (SETTINGS)")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds, each runs every policy (default: the setting's)")
+    ap.add_argument("--policies", default=None, help=f"comma-separated, of {', '.join(POLICIES)} (default: the setting's)")
     ap.add_argument("--steps", type=int, default=None, help="steps of each run (default: the setting's)")
     ap.add_argument("--chunk", type=int, default=None,
                     help="steps a run trains before the next run of its seed takes a turn (default: all at once)")
@@ -163,6 +95,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.chunk is not None and args.chunk < 1:
         ap.error(f"--chunk must be >= 1, got {args.chunk}")
+    setting = SETTINGS[args.setting]
+    args.seeds = args.seeds or ",".join(map(str, setting.seeds))
+    args.policies = args.policies or ",".join(setting.policies)
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in args.policy_list if p not in POLICIES]
@@ -184,7 +119,7 @@ def runs_of(args: argparse.Namespace) -> list[Run]:
 def setting_record(args: argparse.Namespace) -> dict:
     setting = SETTINGS[args.setting]
     return {"setting": args.setting, "flags": list(setting.flags), "steps": args.steps, "what": setting.what,
-            "why": setting.why,
+            "why": setting.why, "design": setting.design, "seeds": list(setting.seeds), "control": list(setting.control),
             "model": args.model, "device": args.device, "trainer": args.trainer}
 
 

@@ -167,7 +167,7 @@ def section_lines(curves, setting: dict, steps: int, plot_path) -> list[str]:
         each = ", ".join(f"seed {s} {d:+.3f}" for s, d in pairs)
         result = test.verdict() if test.n >= 2 else f"{test.n} complete pair(s): no test yet"
         lines.append(f"- **{policy} - sync**: {result}. Per seed: {each or 'none'}.")
-        if policy == "tail":
+        if policy == "tail" and plot_path is not None:
             plot(curves, per_run, test, plot_path, steps)
     missing = sorted(f"{c.policy} seed {c.seed} ({len(c.steps)} of {steps} steps)" for c in curves
                      if len(c.steps) < steps)
@@ -176,5 +176,6 @@ def section_lines(curves, setting: dict, steps: int, plot_path) -> list[str]:
     gap = control(per_run, control_seeds)
     lines.append(f"- Control, sync seed {control_seeds[1]} - sync seed {control_seeds[0]}: "
                  + ("not both complete yet." if gap is None else f"{gap:+.3f}."))
-    lines.append("- Primary metric per run: " + "; ".join(f"{p} seed {s} {v:.3f}" for (p, s), v in sorted(per_run.items())) + ".")
-    return lines
+    if per_run:
+        lines.append("- Primary metric per run: " + "; ".join(f"{p} seed {s} {v:.3f}" for (p, s), v in sorted(per_run.items())) + ".")
+    return lines if curves else lines[:1]

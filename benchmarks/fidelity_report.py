@@ -279,8 +279,18 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
     """Plot the runs' committed curves, write the RESULTS.md section (unless `results` is None), and
     return the rows, the per-policy figures and the section's text."""
     curves = load_curves(metrics, runs)
+    setting = json.loads((metrics / "setting.json").read_text()) if (metrics / "setting.json").exists() else {}
     if not curves:
-        return {"rows": [], "policies": {}, "text": f"no metrics yet in {metrics}"}
+        text = f"no metrics yet in {metrics}"
+        if setting.get("design") == "tost" and results is not None:  # the design is stated before any run
+            from fidelity_equivalence import section_lines
+
+            text = "\n".join([f"Setting `{setting['setting']}`: {setting.get('what', '')}; {target} steps per run. Flags: "
+                              f"`{' '.join(setting.get('flags', []))}` plus the policy's and `--seed`.", "",
+                              *section_lines([], setting, target, None), "",
+                              *([setting["why"], ""] if setting.get("why") else []), "No run has finished a step yet."])
+            write_section(f"{TITLE} ({setting['setting']})", text, path=results)
+        return {"rows": [], "policies": {}, "text": text}
     compared = at_common_steps(curves)
     key = level_key(compared)
     level = reward_level(compared, key)
@@ -288,7 +298,6 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
             for c, cut in zip(curves, compared)]
     per_policy = policy_rows(rows)
     plot(curves, plot_path)
-    setting = json.loads((metrics / "setting.json").read_text()) if (metrics / "setting.json").exists() else {}
     devices = sorted({r.get("device", "?") for c in curves for r in c.steps})
     done = all(r["steps"] >= target for r in rows) and len(rows) == len(list(runs))
     lines = [f"Setting `{setting.get('setting', metrics.name)}`: {setting.get('what', '')}; {target} steps per run; "

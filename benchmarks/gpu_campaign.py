@@ -21,10 +21,10 @@ before the next, and a crash in one keeps the others):
             sync/policy is the speed-up;
   replay    benchmarks/sim_vs_real.py: servegen-r1 (32k scaled to 4,096 tokens) replayed through the embedded
             engine, sync and tail, 5 steps, beside the simulator's prediction with a profile fitted here;
-  fidelity  benchmarks/fidelity.py's `gpu` setting: reward curves of sync, tail, and tail with unbiased
-            groups (--tail.eta-responses 1.0) from the same weights and seed 0, one after another,
-            sized to end within one call (--budget-s; its first line says the sizes and steps); a run
-            cut at the budget resumes at the next call on the same machine; then its plot and table.
+  fidelity  benchmarks/fidelity.py's `gpu-tost` setting: sync and tail of seeds 0, 1, 2, 3 in turn (the
+            pre-registered equivalence test's paired seeds, the CPU setting's flags), as many as fit the
+            call (--budget-s; its first line says the sizes and steps); a run cut at the budget resumes
+            at the next call on the same machine; then its plot and table.
 
 Every part appends the full log of each child process it runs (the command, its stdout and stderr, its
 exit status) to `<--logs>/<part>.log`, and one JSON line of its figures (or its error) to
@@ -115,7 +115,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="the compare part's seeds, comma-separated, one run of every policy each; its step-time ratio "
                          "is their median (default: 0,1,2; --tiny: 0)")
     ap.add_argument("--fidelity-steps", type=int, default=None,
-                    help="steps of each fidelity run (default: benchmarks/fidelity.py's gpu setting; tiny: 2)")
+                    help="steps of each fidelity run (default: benchmarks/fidelity.py's gpu-tost setting; tiny: 2)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="seconds a part may run (its child is stopped at the limit; fidelity resumes next call)")
     ap.add_argument("--deadline-s", type=float, default=None,
@@ -276,18 +276,20 @@ def run_trainer(args: argparse.Namespace, size: str) -> dict:
 
 
 def run_fidelity(args: argparse.Namespace, size: str) -> dict:
-    """benchmarks/fidelity.py (setting gpu, or tiny), seed 0, the three policies in turn within
-    --budget-s; the runs stay in OUT/fidelity, so a later call on the same machine resumes a cut one."""
+    """benchmarks/fidelity.py (setting gpu-tost: sync and tail of seeds 0, 1, 2, 3 in turn, the pre-registered
+    equivalence test's design; or tiny, seed 0) within --budget-s; the runs stay in OUT/fidelity, so a later
+    call on the same machine resumes a cut one."""
     import fidelity
     from fidelity_report import report
 
-    flags = ["--setting", "tiny" if size == "tiny" else "gpu", "--seeds", "0", "--device", args.device,
+    flags = ["--setting", "tiny" if size == "tiny" else "gpu-tost", "--seeds", "0" if size == "tiny" else "0,1,2,3",
+             "--device", args.device,
              "--trainer", args.trainer, "--budget-s", str(args.budget_s), "--state", str(args.out / "fidelity"),
              "--metrics", str(args.logs / "fidelity"), "--plot", str(args.logs / "fidelity.png"),
              "--log", str(args.logs / "fidelity.log"), *(["--model", args.model] if args.model else []),
              *(["--steps", str(args.fidelity_steps)] if args.fidelity_steps else [])]
     fargs = fidelity.parse_args(flags)
-    what = (f"{len(fargs.policy_list)} policies ({', '.join(fargs.policy_list)}), seed 0, {fargs.steps} steps each: "
+    what = (f"{len(fargs.policy_list)} policies ({', '.join(fargs.policy_list)}), seeds {fargs.seeds}, {fargs.steps} steps each: "
             f"{fidelity.SETTINGS[fargs.setting].what}")
     print(f"fidelity: {what}", flush=True)
     outcomes = fidelity.advance_all(fargs)

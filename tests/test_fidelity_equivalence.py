@@ -61,3 +61,31 @@ def test_the_section_states_the_design_and_tests_complete_pairs_only(tmp_path):
     curves[1].evals[1]["eval_set"] = "other"
     assert "**Warning**: the runs were scored on 2 different held-out sets" in "\n".join(
         section_lines(curves, setting, 8, tmp_path / "eq.png"))
+
+
+def test_a_tost_setting_s_report_carries_the_design_and_its_plot(tmp_path):
+    import json
+
+    from fidelity import Run
+    from fidelity_report import report
+
+    metrics = tmp_path / "m"
+    for policy, seed, level in (("sync", 0, 0.3), ("tail", 0, 0.31), ("sync", 1, 0.4), ("tail", 1, 0.38)):
+        folder = metrics / policy / f"seed{seed}"
+        folder.mkdir(parents=True)
+        steps = [{"step": i, "step_s": 1.0, "mean_reward": level, "mean_kept_length": 9.0,
+                  "mean_generated_length": 9.0} for i in range(8)]
+        evals = [{"step": k, "eval_reward": level, "eval_length": 9.0, "eval_prompts": 8, "eval_samples": 2,
+                  "eval_sampled_reward": level, "eval_set": "abc"} for k in (0, 4, 8)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+        (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    (metrics / "setting.json").write_text(json.dumps({"setting": "t", "flags": ["--eval-every", "4"], "design": "tost",
+                                                      "seeds": [0, 1], "control": [0, 1]}))
+    results = tmp_path / "R.md"
+    results.write_text("# Benchmark results\n")
+    runs = [Run(p, s) for s in (0, 1) for p in ("sync", "tail")]
+    text = report(metrics, tmp_path / "f.png", results, runs, 8)["text"]
+    assert "Pre-registered design (written before the runs of setting `t`)" in text
+    assert "**tail - sync**: equivalence within +-0.10 not shown" in text or "**tail - sync**: equivalent" in text
+    assert "seed 0 +0.010, seed 1 -0.020" in text and "Control, sync seed 1 - sync seed 0: +0.100." in text
+    assert (tmp_path / "f-equivalence.png").stat().st_size > 0 and "f-equivalence.png" in results.read_text()
