@@ -14,7 +14,7 @@ before the next, and a crash in one keeps the others):
             profile on CUDA;
   spec      benchmarks/spec_decode.py: speculation on and off at 1, 4 and 16 running rows;
   trainer   forward+backward tokens/s of the trainer `--trainer` picks (TorchTitan's when it imports,
-            else the plain-PyTorch trainer: TorchTitan needs torch >= 2.13);
+            else the plain-PyTorch trainer; torch 2.11 imports it through titan.compat);
   tests     `pytest -m gpu -o addopts=-ra tests`: every gpu-marked test, found by its marker;
   compare   `reference/train.py --compare sync,tail` (P=16, R=8, 512 tokens) from the same weights and
             seed, once for each of --seeds (0, 1, 2): the median over seeds of the step-time ratio
@@ -289,7 +289,7 @@ def run_fidelity(args: argparse.Namespace, size: str) -> dict:
              "--log", str(args.logs / "fidelity.log"), *(["--model", args.model] if args.model else []),
              *(["--steps", str(args.fidelity_steps)] if args.fidelity_steps else [])]
     fargs = fidelity.parse_args(flags)
-    what = (f"{len(fargs.policy_list)} policies ({', '.join(fargs.policy_list)}), seeds {fargs.seeds}, {fargs.steps} steps each: "
+    what = (f"{len(fargs.policy_list)} policies ({', '.join(fargs.policy_list)}) x seeds {fargs.seeds}; {fargs.steps} steps each: "
             f"{fidelity.SETTINGS[fargs.setting].what}")
     print(f"fidelity: {what}", flush=True)
     outcomes = fidelity.advance_all(fargs)

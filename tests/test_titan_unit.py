@@ -39,9 +39,9 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def _expected_and_read(model_dir: Path):
-    from rollpacker.backends.titan import cpu as titan_cpu
+    from rollpacker.backends.titan import compat as titan_compat, cpu as titan_cpu
 
-    titan_cpu.stub_missing_triton_kernels()
+    titan_compat.prepare_import()
     from rollpacker.backends.titan.model import expected_hf_shapes, model_spec_from_hf, read_hf_config, read_hf_weights
 
     cfg = read_hf_config(model_dir)
@@ -167,9 +167,9 @@ def test_parallel_degrees_must_fit_the_world(kl_trainer, tiny_dir: Path) -> None
 
 
 def test_tp_must_divide_heads(tiny_dir: Path) -> None:
-    from rollpacker.backends.titan import cpu as titan_cpu
+    from rollpacker.backends.titan import compat as titan_compat, cpu as titan_cpu
 
-    titan_cpu.stub_missing_triton_kernels()
+    titan_compat.prepare_import()
     from rollpacker.backends.titan.model import apply_parallel_plan, model_spec_from_hf, read_hf_config
 
     cfg = read_hf_config(tiny_dir)

@@ -308,14 +308,15 @@ def test_save_kill_load_restores_weights_optimizer_and_step(tiny_dir, samples, t
 
 # --- --trainer titan where TorchTitan cannot import ------------------------------------------
 
-_WITHOUT_TITAN_NAME = "import torch.distributed.fsdp as f; del f.DataParallelMeshDims; "  # as torch 2.11
+_WITHOUT_TITAN_NAME = "import torch.distributed.fsdp as f; vars(f).pop('DataParallelMeshDims', None); "  # as torch 2.11
+_TITAN_CANNOT_IMPORT = "import sys; sys.modules['torchtitan.models.llama3'] = None; "  # a TorchTitan that fails
 
 
 @pytest.mark.timeout(120)
 def test_titan_import_failure_is_one_line_before_any_model_loads(tmp_path: Path) -> None:
     pytest.importorskip("torchtitan")
     out = tmp_path / "run"
-    code = (_WITHOUT_TITAN_NAME + "import runpy, sys; sys.argv = sys.argv[1:]; "
+    code = (_TITAN_CANNOT_IMPORT + "import runpy, sys; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
     args = [str(ROOT / "reference" / "train.py"), "--preset", "tiny_debug", "--model", "/nonexistent", "--out", str(out)]
     start = time.monotonic()
@@ -325,14 +326,32 @@ def test_titan_import_failure_is_one_line_before_any_model_loads(tmp_path: Path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"installed torch {torch.__version__}" in lines[0] and "--trainer torch" in lines[0]
-    assert "DataParallelMeshDims" in lines[0]
+    assert "torchtitan.models.llama3" in lines[0]
     assert "/nonexistent" not in lines[0] and not out.exists()  # failed before the model was looked up
     print(f"\n{lines[0]}  ({time.monotonic() - start:.1f} s)")
 
 
 @pytest.mark.timeout(60)
-def test_titan_check_passes_here_and_torch_trainer_skips_it() -> None:
+def test_titan_imports_without_the_torch_2_13_name() -> None:
+    """torch 2.11 (simulated: its missing name removed): titan.compat's stand-ins make TorchTitan import,
+    the trainer picks partial_dtensor, and the stand-in refuses to be built."""
+    pytest.importorskip("torchtitan")
     code = _WITHOUT_TITAN_NAME + (
+        "from rollpacker.backends.titan import compat; from rollpacker.backends.titan.trainer import titan_import_error; "
+        "print(titan_import_error(), compat.spmd_backend()); import torch.distributed.fsdp as f\n"
+        "import torchtitan.models.common.attention as a; print(a._compiled_create_block_mask._rollpacker_shim)\n"
+        "try:\n    f.DataParallelMeshDims(shard='fsdp')\nexcept RuntimeError as e:\n    print(e)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == "None partial_dtensor" and lines[1] == "True", proc.stdout
+    assert "needs torch>=2.13; use 'partial_dtensor'" in lines[2]
+
+
+@pytest.mark.timeout(60)
+def test_titan_check_passes_here_and_torch_trainer_skips_it() -> None:
+    code = _TITAN_CANNOT_IMPORT + (
         "from rollpacker.train.config import RunConfig; RunConfig(trainer='torch').validate(); print('ok')"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT,

@@ -136,7 +136,7 @@ class RunConfig:
     # (--advantage, --loss-aggregation, --dynamic-sampling, --micro-batch-tokens: BatchingOptions' fields;
     #  --clip-eps, --clip-eps-high, --kl-coef, --max-grad-norm: LossOptions')
     trainer: TrainerName = "titan"
-    """Trainer backend: titan (TorchTitan: FSDP2 and tensor parallelism; needs torch >= 2.13) or
+    """Trainer backend: titan (TorchTitan: FSDP2 and tensor parallelism; torch >= 2.13, or 2.11 with titan.compat's stand-ins) or
     torch (plain PyTorch on the HF model, FSDP2 under --nproc; runs with torch >= 2.11)."""
     nproc: int = 1
     """Trainer processes (torchrun); rank 0 also runs rollout and scoring."""

@@ -24,7 +24,7 @@ def common_options(context) -> dict:
 
 @frozen(kw_only=True)
 class TitanTrainerOptions:
-    """--trainer titan: TorchTitan's model and parallelism (needs torch >= 2.13)."""
+    """--trainer titan: TorchTitan's model and parallelism (torch >= 2.11: 2.11 through titan.compat)."""
 
     flat = True  # the options are the top-level flags --dp-shard and --tp
     logits_chunk_tokens = None  # (the memory plan) log-probs of a whole forward at once

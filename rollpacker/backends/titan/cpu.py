@@ -16,7 +16,8 @@ defaults are used unchanged.
 3. attention:  flex and varlen attention have no CPU backward; use SDPA (causal), which needs no
    mask because our batches are right-padded (a real token never attends to padding).
 4. spmd backend:  the default ``spmd_types`` fails with torch 2.13; use ``partial_dtensor``.
-5. unfused q/k/v:  a fused QKV projection breaks full-state-dict gathering.
+5. unfused q/k/v:  a fused QKV projection breaks full-state-dict gathering (under partial_dtensor,
+   on torch 2.11 and 2.13 alike: also used on CUDA with torch < 2.13, see `titan.compat`).
 6. no torch.compile (also TorchTitan's default; the trainer never turns it on, on any device).
 7. sum reduction:  gloo has no PREMUL_SUM, which FSDP2 uses to scale gradients;
    `force_sum_reduction` makes every FSDP module reduce with plain SUM.  (We never divide

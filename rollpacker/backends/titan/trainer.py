@@ -22,6 +22,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from rollpacker.backends.titan import compat as titan_compat
 from rollpacker.backends.titan import cpu as titan_cpu
 from rollpacker.backends.errors import InvalidMicroBatch
 from rollpacker.backends.trainer.loss import at_positions, response_positions, token_logprobs_and_entropy
@@ -33,8 +34,8 @@ from rollpacker.core.errors import ConfigError
 
 __all__ = ["InvalidMicroBatch", "TitanConfig", "TitanTrainer", "titan_import_error"]
 
-# What TitanTrainer imports from TorchTitan; with torch < 2.13 the model packages fail
-# ("cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'").
+# What TitanTrainer imports from TorchTitan.  With torch < 2.13 the model packages import only after
+# titan_compat's stand-in ("cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp').
 _TITAN_MODULES = ("torchtitan.config", "torchtitan.distributed", "torchtitan.models.llama3", "torchtitan.models.qwen3")
 
 
@@ -45,7 +46,7 @@ def titan_import_error() -> str | None:
 
     import torch
 
-    titan_cpu.stub_missing_triton_kernels()
+    titan_compat.prepare_import()
     try:
         for name in _TITAN_MODULES:
             importlib.import_module(name)
@@ -53,7 +54,7 @@ def titan_import_error() -> str | None:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         reason = reason.replace(f" ({exc.path})", "") if exc.path else reason  # the module's file: noise
         return (f"the TorchTitan trainer cannot run with the installed torch {torch.__version__} ({reason}); "
-                f"torchtitan 0.3.0 needs torch>=2.13: install it, or pass --trainer torch (the plain PyTorch trainer)")
+                f"torchtitan 0.3.0 needs torch>=2.11: install it, or pass --trainer torch (the plain PyTorch trainer)")
     return None
 
 
@@ -65,7 +66,7 @@ class TitanTrainer(PolicyTrainer):
         hf_cfg = read_hf_config(config.model_dir)  # fail on a bad directory before heavy imports
         self.device_type = config.device or default_device()
         on_cpu = self.device_type == "cpu"
-        titan_cpu.stub_missing_triton_kernels()
+        titan_compat.prepare_import()  # the triton stand-in; torch < 2.13's stand-in
         if on_cpu:
             titan_cpu.force_cpu_device_type()
 
@@ -81,11 +82,14 @@ class TitanTrainer(PolicyTrainer):
         self.device = select_device(self.device_type)
         torch.manual_seed(config.seed)
 
+        # partial_dtensor on CPU (titan.cpu 4) and with torch < 2.13 on any device (titan.compat);
+        # elsewhere TorchTitan's default.
+        backend = titan_cpu.CPU_SPMD_BACKEND if on_cpu else titan_compat.spmd_backend()
         self.parallelism = ParallelismConfig(
             data_parallel_shard_degree=config.dp_shard,
             tensor_parallel_degree=config.tp,
             enable_sequence_parallel=config.sequence_parallel,
-            **({"spmd_backend": titan_cpu.CPU_SPMD_BACKEND} if on_cpu else {}),
+            **({"spmd_backend": backend} if backend else {}),
         )
         spmd_backend = self.parallelism.spmd_backend
         world = dist.get_world_size()
@@ -98,7 +102,8 @@ class TitanTrainer(PolicyTrainer):
         self.spec = model_spec_from_hf(
             hf_cfg,
             inner_attention=titan_cpu.cpu_inner_attention() if on_cpu else get_attention_config("flex"),
-            fuse_qkv=titan_cpu.CPU_FUSE_QKV if on_cpu else True,
+            # unfused under partial_dtensor, on any device: a fused QKV fails to load its full state dict
+            fuse_qkv=titan_cpu.CPU_FUSE_QKV if backend else True,
             max_seq_len=config.max_seq_len,
             config_file=str(Path(config.model_dir) / "config.json"),
         )

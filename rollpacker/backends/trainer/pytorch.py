@@ -1,5 +1,5 @@
 """The plain PyTorch trainer backend: GRPO on the Hugging Face model itself, where TorchTitan cannot
-run (TorchTitan 0.3.0 needs torch >= 2.13; the GPU machines have 2.11).
+run (TorchTitan 0.3.0 needs torch >= 2.13, or 2.11 with titan.compat's stand-ins).
 
     trainer = TorchTrainer(TorchTrainerConfig(model_dir="ckpt/", lr=1e-6))
     for mb in micro_batches:                    # streamed: one at a time, as groups complete
