@@ -272,3 +272,20 @@ def fake_sglang(generate, port: int | None = None) -> LoopbackApp:
     """A loopback server that passes the client's start checks and answers /generate with `generate`."""
     return LoopbackApp([web.get("/health", answer_ok), web.get("/get_model_info", answer_model_info),
                         web.post("/generate", generate)], port)
+
+
+# The module fixtures of a test file that runs against one pair of servers of each kind (import them
+# into the file: `from sglang_helpers import kind, model, servers`).
+@pytest.fixture(scope="module")
+def model() -> str:
+    return tiny_model()
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def servers(kind, model, shared_servers):
+    yield from shared_servers.module_pair(kind, model)

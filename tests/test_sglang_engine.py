@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from processes import session_cpu_seconds
-from sglang_helpers import KINDS, collect, drive_one_step, request, tiny_model, wait_progress
+from sglang_helpers import collect, drive_one_step, request, wait_progress
+import sglang_helpers
 
 from rollpacker.backends.sglang.client import SGLangEngine
 from rollpacker.backends.sglang.pool import DEFAULT_CAPACITY, running_limit
@@ -21,19 +22,7 @@ from rollpacker.core import Scheduler, make_policy
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, RolloutEngine
 
 
-@pytest.fixture(scope="module")
-def model() -> str:
-    return tiny_model()
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def kind(request) -> str:
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def servers(kind, model, shared_servers):
-    yield from shared_servers.module_pair(kind, model)
+kind, model, servers = sglang_helpers.kind, sglang_helpers.model, sglang_helpers.servers  # the server pair of each kind
 
 
 def get_json(url: str) -> dict:

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_helpers import KINDS, collect, request, tiny_model
+from sglang_helpers import collect, request
+import sglang_helpers
 
 torch = pytest.importorskip("torch")
 
@@ -32,26 +33,14 @@ from rollpacker.backends.sglang.client import SGLangEngine  # noqa: E402
 from rollpacker.backends.sglang.weights import buckets  # noqa: E402
 from rollpacker.driver import sync_weights  # noqa: E402
 
+kind, model, servers = sglang_helpers.kind, sglang_helpers.model, sglang_helpers.servers  # the server pair of each kind
+
+
 SCRIPT = Path(__file__).with_name("weight_sync_ranks.py")
 KILLED_TRAINER = Path(__file__).with_name("weight_sync_trainer.py")
 REPO = SCRIPT.parent.parent
 BUCKET = 256 * 1024  # small, so the tiny model goes in several buckets
 NUM_NEW = 12
-
-
-@pytest.fixture(scope="module")
-def model() -> str:
-    return tiny_model()
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def kind(request) -> str:
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def servers(kind, model, shared_servers):
-    yield from shared_servers.module_pair(kind, model)
 
 
 def greedy_per_server(engine: SGLangEngine, first_id: int) -> list[tuple[int, ...]]:
