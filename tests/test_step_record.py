@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from rollpacker.core import EndRound, Occupancy, RewardScored, RoundReport, StepTimes, bubble_ratio, step_record
 from rollpacker.core.metrics import split_training, step_timings
 from rollpacker.driver.step_log import StepLog
+from rollpacker.driver.train_worker import OPTIMIZER_STEP, TrainerRan
 from rollpacker.sim.metrics import StepMeter
 
 TIMINGS = ("rollout_s", "reward_s", "train_s", "train_overlapped_s", "train_exposed_s", "sync_s", "step_s",
@@ -145,8 +146,9 @@ def test_a_reward_answered_after_the_optimizer_step_is_no_wait_of_the_step():
     log = StepLog(start=0.0)
     log.round_end = 2.0
     log.reward_answered(2.3)
-    log.train_spans = [(2.3, 2.4, "optimizer step")]
-    log.stepped = True
+    assert not log.stepped
+    log.trained_jobs([TrainerRan(OPTIMIZER_STEP, 2.3, 2.4, None)])  # as the live driver records the step
+    assert log.stepped and log.train_spans == [(2.3, 2.4, OPTIMIZER_STEP)]
     log.sync_s = 0.1
     log.reward_answered(2.52)  # after the sync: end - sync_s = 2.445
     times = log.times(2.545)

@@ -287,7 +287,6 @@ class LiveBackend(NoticeObserver):
         except TimeoutError:
             raise self.watch.timed_out(self.pending_work()) from None
         log.trained_jobs(self.worker.poll())
-        log.stepped = True
         t = self.clock.now()
         sync = lambda: sync_weights(self.engine, self.worker, version=command.step + 1)  # noqa: E731
         if self.colocation is not None:  # the weights' memory, the sync into it, then the KV cache

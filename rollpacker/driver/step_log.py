@@ -65,12 +65,15 @@ class StepLog:
     """(start, end, what) of each micro-batch and the optimizer step, seconds from the step's start, in order."""
     rewards_done: float = 0.0
     """When the last reward answer the step waited for came, seconds from the step's start."""
-    stepped: bool = False
-    """The optimizer has stepped: a reward answered since (a carried sample's, fed with the answer that
-    completed the step) is no wait of this step's."""
     sync_s: float = 0.0
     train_stats: list = field(factory=list)
     step_stats: Any = None
+
+    @property
+    def stepped(self) -> bool:
+        """The optimizer has stepped (its span is recorded): a reward answered since (a carried sample's,
+        fed with the answer that completed the step) is no wait of this step's."""
+        return any(what == OPTIMIZER_STEP for *_, what in self.train_spans)
 
     def reward_answered(self, at: float) -> None:
         """A reward answer came `at` seconds into the step; it ends the reward wait unless the
