@@ -198,3 +198,26 @@ def test_the_simulator_and_the_reference_trainer_share_one_reward_setting():
     same = ("hedge_after", "hedge_copies", "priority", "burst_workers")
     live, sim = RunConfig().reward_config(), RewardConstants().scheduler_config()
     assert {k: getattr(live, k) for k in same} == {k: getattr(sim, k) for k in same}
+
+
+def slower_warm_up() -> None:
+    time.sleep(4.0)  # 3 x 4 s: past the pool's 10 s floor of start grace
+
+
+@pytest.mark.timeout(120)
+def test_the_loop_reads_the_pool_s_start_grace_as_it_grows():
+    """The loop is built before the pool has started a worker (as the reference trainer builds it): the
+    grace the live path waits past a deadline must follow what the pool measures afterwards, not stay
+    at the floor it had when the loop was built."""
+    from rollpacker.backends.rewards.pool import MIN_START_GRACE_S
+
+    calls: list = []
+    engine = ScriptedEngine(calls)
+    sched = Scheduler(make_policy("sync", prompts=2, samples=2, max_tokens=8), num_prompts=4,
+                      batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=1, t_min=1.0, t_max=1.0))
+    with ProcessRewardExecutor(1, scorer=hanging_scorer, warmup=slower_warm_up) as rewards:
+        loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), Prompts())
+        assert loop.live.rewards.grace_s == MIN_START_GRACE_S  # no worker start measured yet
+        warm_up(rewards)
+        assert rewards.start_grace_s >= 12.0
+        assert loop.live.rewards.grace_s == rewards.start_grace_s
