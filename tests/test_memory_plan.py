@@ -27,6 +27,22 @@ def test_parameter_count_is_smollm2_135m():
     assert ModelShape.from_config(SMOLLM2_135M).num_params == 49_152 * 576 + 30 * layer + 576 == 134_515_008
 
 
+def test_one_shape_serves_the_memory_plan_and_the_cost_model():
+    """The memory plan's shape is the core's (rollpacker.core.ModelShape): read from a config.json it
+    carries the cost model's weight bytes, read bytes and KV bytes per token as well."""
+    from rollpacker.core import CostModel, ModelShape as CoreShape
+    from rollpacker.sim.constants import H100
+
+    tied = ModelShape.from_config(SMOLLM2_135M, name="SmolLM2-135M")
+    assert ModelShape is CoreShape and tied.name == "SmolLM2-135M"
+    assert tied.weight_bytes == tied.read_bytes == 2 * 134_515_008  # tied: the LM head reads the embeddings
+    assert tied.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 and tied.kv_dim == 192
+    untied = ModelShape.from_config({**SMOLLM2_135M, "tie_word_embeddings": False})
+    assert untied.weight_bytes - untied.read_bytes == 2 * 49_152 * 576  # the input embedding is not read per step
+    cost = CostModel(model=tied, hardware=H100, tp=1, mem_fraction=0.9)
+    assert cost.fits and cost.step_time(8, 8 * 512) > cost.step_time(1, 512) > 0
+
+
 def test_each_item_matches_the_hand_computed_bytes():
     plan = smollm2_plan()
     params = 134_515_008

@@ -25,7 +25,8 @@ from .validators import positive, positive_number
 
 @frozen(kw_only=True)
 class ModelShape:
-    """What the cost model needs of a model (bf16 weights unless dtype_bytes says otherwise)."""
+    """A model's shape: what the cost model needs (bf16 weights unless dtype_bytes says otherwise) and,
+    read from an HF config.json (`from_config`), what the reference trainer's memory plan needs too."""
 
     name: str
     layers: int = field(validator=positive_number)
@@ -39,15 +40,50 @@ class ModelShape:
     """W_read: weights read per decode step (no input embedding, untied lm_head included)."""
     hidden: int = field(validator=positive_number)
     dtype_bytes: int = field(default=2, validator=positive)
+    ffn: int = 0
+    """The MLP's inner width (0: not given; the memory plan needs it, the cost model does not)."""
+    vocab: int = 0
+    tied_embeddings: bool = False
+
+    @classmethod
+    def from_config(cls, config: dict, name: str = "", dtype_bytes: int = 2) -> ModelShape:
+        """The shape of an HF config.json (Llama / Qwen family)."""
+        heads = config["num_attention_heads"]
+        dims = dict(layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
+                    kv_heads=config.get("num_key_value_heads") or heads,
+                    head_dim=config.get("head_dim") or config["hidden_size"] // heads, ffn=config["intermediate_size"],
+                    vocab=config["vocab_size"], tied_embeddings=bool(config.get("tie_word_embeddings", False)))
+        params = _params(**dims)
+        read = params - (0 if dims["tied_embeddings"] else dims["vocab"] * dims["hidden"])
+        return cls(name=name or config.get("_name_or_path", ""), weight_bytes=params * dtype_bytes,
+                   read_bytes=read * dtype_bytes, dtype_bytes=dtype_bytes, **dims)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.layers * self.kv_dim * self.dtype_bytes
 
     @property
     def params(self) -> float:
         """Parameters multiplied per token (P_read)."""
         return self.read_bytes / self.dtype_bytes
+
+    @property
+    def num_params(self) -> int:
+        """All parameters, counted from the shape (`from_config`'s shapes): embeddings (and an untied LM
+        head), per layer q/k/v/o, the gated MLP and two norms, and the final norm."""
+        return _params(self.layers, self.hidden, self.heads, self.kv_heads, self.head_dim, self.ffn, self.vocab,
+                       self.tied_embeddings)
+
+
+def _params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, vocab: int,
+            tied_embeddings: bool) -> int:
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    layer = attention + 3 * hidden * ffn + 2 * hidden
+    return vocab * hidden * (1 if tied_embeddings else 2) + layers * layer + hidden
 
 
 @frozen(kw_only=True)

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 
 from rollpacker.backends.embedded.buckets import COL_MULTIPLE, GraphKey, graph_keys
 from rollpacker.backends.embedded.scheduler import MAX_PREFILL_TOKENS
+from rollpacker.core.cost_model import ModelShape
 from rollpacker.core.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -98,42 +99,6 @@ FLAG_OF_ITEM = {"engine_weights": "--model (a smaller one)", "trainer_state": "-
                 "prefill": "--engine-capacity (or shorter prompts)",
                 "cuda_graphs": "--engine-capacity or --max-tokens (or pass --no-cuda-graphs)",
                 "activations": "--micro-batch-tokens", "logits": "--micro-batch-tokens"}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the plan needs from an HF config.json (Llama / Qwen family)."""
-
-    num_layers: int
-    hidden: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    tied_embeddings: bool
-
-    @classmethod
-    def from_config(cls, config: dict) -> ModelShape:
-        heads = config["num_attention_heads"]
-        return cls(num_layers=config["num_hidden_layers"], hidden=config["hidden_size"], num_heads=heads,
-                   num_kv_heads=config.get("num_key_value_heads") or heads,
-                   head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-                   ffn=config["intermediate_size"], vocab=config["vocab_size"],
-                   tied_embeddings=bool(config.get("tie_word_embeddings", False)))
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
-    def num_params(self) -> int:
-        """Embeddings (and an untied LM head), per layer q/k/v/o and the gated MLP and two norms,
-        and the final norm."""
-        attention = self.hidden * self.num_heads * self.head_dim * 2 + self.hidden * self.kv_dim * 2
-        layer = attention + 3 * self.hidden * self.ffn + 2 * self.hidden
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return embeddings + self.num_layers * layer + self.hidden
 
 
 @dataclass(frozen=True)
@@ -219,9 +184,9 @@ def plan_memory(shape: ModelShape, *, dtype: str, engine_capacity: int, prompt_t
     items = {
         "engine_weights": params * b,
         "trainer_state": params * (16 + (b if b < 4 else 0)),
-        "kv_cache": engine_capacity * kv_row * shape.num_layers * 2 * shape.kv_dim * b,
+        "kv_cache": engine_capacity * kv_row * shape.layers * 2 * shape.kv_dim * b,
         "prefill": int(prefill_tokens(engine_capacity, prompt_tokens) * per_token_layer * b * PREFILL_COPIES),
-        "activations": int(batch_tokens * shape.num_layers * per_token_layer * ACTIVATION_BYTES[dtype]),
+        "activations": int(batch_tokens * shape.layers * per_token_layer * ACTIVATION_BYTES[dtype]),
         "logits": logit_tokens * shape.vocab * 4 * LOGITS_COPIES,
     }
     if cuda_graphs:
@@ -302,7 +267,7 @@ def cuda_graph_bytes(shape: ModelShape, b: int, keys: list[GraphKey]) -> tuple[i
     captures run on (the warm-up's and the capture's); and `BYTES_PER_GRAPH` a graph."""
     outputs = max((rows * t for rows, t, _ in keys), default=0) * shape.vocab * 4
     logits_b = shape.vocab * b if b < 4 else 0
-    largest = max((rows * t * (3 * shape.num_heads * cols * 4 + logits_b + (3 * shape.ffn + 4 * shape.hidden) * b)
+    largest = max((rows * t * (3 * shape.heads * cols * 4 + logits_b + (3 * shape.ffn + 4 * shape.hidden) * b)
                    for rows, t, cols in keys), default=0)
     workspaces = 2 * CUBLAS_WORKSPACE_BYTES if keys else 0
     return outputs, largest + workspaces + BYTES_PER_GRAPH * len(keys)
