@@ -140,6 +140,7 @@ def test_kill_mid_run_then_resume_trains_every_prompt_once(tiny_model, tmp_path)
     [
         (["--model", "/nonexistent/model"], "/nonexistent/model"),
         (["--tasks", "no_such_task"], "unknown task 'no_such_task'"),
+        (["--tasks", "chain_sum:x"], "--tasks 'chain_sum:x': a weight is a number > 0 (NAME or NAME:WEIGHT)"),
         (["--prompts", "0"], "--prompts must be >= 1"),
         (["--policy", "tail", "--tail.eta-prompts", "0.5"], "eta_prompts"),
         (["--rollout", "sglang"], "--sglang-urls"),
