@@ -316,7 +316,9 @@ def report(metrics: Path, plot_path: Path, results: Path | None, runs, target: i
         from fidelity_equivalence import section_lines
 
         test_plot = plot_path.with_name(plot_path.stem + "-equivalence.png")
-        lines[1:1] = ["", *section_lines(curves, setting, target, test_plot), f"(plot: `{_relative(test_plot)}`)"]
+        test_plot.unlink(missing_ok=True)  # drawn again below once a pair is complete
+        design = section_lines(curves, setting, target, test_plot)
+        lines[1:1] = ["", *design, *([f"(plot: `{_relative(test_plot)}`)"] if test_plot.exists() else [])]
     text = "\n".join(lines)
     if results is not None:
         write_section(f"{TITLE} ({setting.get('setting', metrics.name)})", text, path=results)
