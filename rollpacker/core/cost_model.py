@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
-from .validators import positive, positive_number
+from .validators import non_negative, positive, positive_number
 
 
 @frozen(kw_only=True)
@@ -40,9 +40,9 @@ class ModelShape:
     """W_read: weights read per decode step (no input embedding, untied lm_head included)."""
     hidden: int = field(validator=positive_number)
     dtype_bytes: int = field(default=2, validator=positive)
-    ffn: int = 0
+    ffn: int = field(default=0, validator=non_negative)
     """The MLP's inner width (0: not given; the memory plan needs it, the cost model does not)."""
-    vocab: int = 0
+    vocab: int = field(default=0, validator=non_negative)
     tied_embeddings: bool = False
 
     @classmethod
