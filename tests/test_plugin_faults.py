@@ -5,32 +5,10 @@ registered the run's policy, are one line each naming the module or the variable
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "reference" / "train.py"
-
-FOO_PLUGIN = '''
-from attrs import frozen
-from rollpacker.core.policies import SyncPolicy, register_policy
-
-
-@frozen(kw_only=True)
-class FooPolicy(SyncPolicy):
-    """A plugin's policy."""
-
-    name = "foo"
-    foo_knob: int = 3
-    """A knob only the plugin has."""
-
-
-register_policy("foo", FooPolicy)
-'''
+from plugin_helpers import TRAIN, plugin_env, run, simulate
 
 BROKEN = {
     "raises": ("import json\n\ndef setup():\n    raise RuntimeError('no licence server')\n\nsetup()\n",
@@ -38,21 +16,6 @@ BROKEN = {
     "syntax": ("def f(:\n    pass\n", "raised on import: SyntaxError: invalid syntax (broken.py, line 1)"),
     "missing dependency": ("import no_such_dependency_xyz\n", "does not import (No module named 'no_such_dependency_xyz')"),
 }
-
-
-def run(args, env, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env=env)
-
-
-def simulate(*args) -> list:
-    return ["-c", "import sys; from rollpacker.cli import main; sys.exit(main())", "simulate", *args]
-
-
-def plugin_env(tmp_path: Path, modules: str | None) -> dict:
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
-    env.pop("ROLLPACKER_PLUGINS", None)
-    return env if modules is None else env | {"ROLLPACKER_PLUGINS": modules}
 
 
 @pytest.mark.parametrize("case", list(BROKEN))
@@ -80,17 +43,16 @@ def test_a_resume_without_the_plugin_of_its_policy_names_the_variable_and_the_mo
     """The issue's case: resuming a run whose policy came from a plugin, without ROLLPACKER_PLUGINS,
     was an AttributeError.  The run saves its plugin modules; the resume names them, before any model
     loads, and resumes with them set."""
-    (tmp_path / "foo_plugin.py").write_text(FOO_PLUGIN)
     out = tmp_path / "run"
     first = run([TRAIN, "--preset", "tiny_debug", "--model", tiny_model, "--trainer", "torch", "--steps", 1,
-                 "--out", out, "--policy", "foo"], plugin_env(tmp_path, "foo_plugin"), timeout=240)
+                 "--out", out, "--policy", "foo"], plugin_env(tmp_path, "my_plugin"), timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert json.loads((out / "state" / "config.json").read_text())["plugins"] == ["foo_plugin"]
+    assert json.loads((out / "state" / "config.json").read_text())["plugins"] == ["my_plugin"]
     bare = run([TRAIN, "--resume", out, "--steps", 2], plugin_env(tmp_path, None))
     assert bare.returncode == 2 and "Traceback" not in bare.stderr, bare.stderr[-2000:]
     assert bare.stderr.strip() == (f"error: --resume {out}: the run's --policy 'foo' is not registered here (it came "
-                                   f"from a plugin module): set ROLLPACKER_PLUGINS=foo_plugin and run again")
-    again = run([TRAIN, "--resume", out, "--steps", 2], plugin_env(tmp_path, "foo_plugin"), timeout=240)
+                                   f"from a plugin module): set ROLLPACKER_PLUGINS=my_plugin and run again")
+    again = run([TRAIN, "--resume", out, "--steps", 2], plugin_env(tmp_path, "my_plugin"), timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
 

@@ -8,15 +8,14 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
-import textwrap
 import typing
 from pathlib import Path
 
 import attrs
 import pytest
 
+from plugin_helpers import ROOT, TRAIN, run, simulate
+from plugin_helpers import plugin_env as with_plugins
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.policies.knobs import source_docstrings
 from rollpacker.train import config as run_config
@@ -29,108 +28,12 @@ from rollpacker.train.rewards import RewardsConfig
 from rollpacker.train.session import loop_config
 from rollpacker.train.trainers import common_options
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "reference" / "train.py"
 
-PLUGIN = '''
-"""A plugin: policy foo, rollout engine counting, trainer loud."""
-import sys
-
-from attrs import field, frozen
-
-from rollpacker.core.errors import ConfigError
-from rollpacker.core.policies import SyncPolicy, register_policy
-from rollpacker.train.registry import ROLLOUTS, options_of, register_rollout, register_trainer
-from rollpacker.train.trainers import TorchTrainerOptions, common_options
-
-
-@frozen(kw_only=True)
-class FooPolicy(SyncPolicy):
-    """The plugin's policy."""
-
-    name = "foo"
-    foo_knob: int = 3
-    """A knob only the plugin has."""
-
-    def open_round(self, state):
-        print(f"foo opens a round, foo_knob={self.foo_knob}", file=sys.stderr, flush=True)
-        return super().open_round(state)
-
-
-def _label(instance, attribute, value):
-    if not value:
-        raise ConfigError("--counting.label must not be empty")
-
-
-class CountingEngine:
-    """The embedded engine, counting the requests it is given."""
-
-    def __init__(self, inner, label):
-        self.inner, self.label, self.submitted = inner, label, 0
-
-    def submit(self, requests):
-        self.submitted += len(requests)
-        self.inner.submit(requests)
-
-    def close(self):
-        print(f"counting engine {self.label}: {self.submitted} requests", flush=True)
-        self.inner.close()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-@frozen(kw_only=True)
-class CountingRollout:
-    """The embedded engine, counted."""
-
-    label: str = field(default="plain", validator=_label)
-    """Printed beside the count when the engine closes."""
-
-    def build(self, context):
-        return CountingEngine(options_of(ROLLOUTS, "embedded", context.run).build(context), self.label)
-
-
-@frozen(kw_only=True)
-class LoudTrainerOptions(TorchTrainerOptions):
-    """Plain PyTorch, saying so at each optimizer step."""
-
-    flat = False
-    tag: str = "t"
-    """Printed at each optimizer step."""
-
-    def build(self, context):
-        from rollpacker.backends.trainer.pytorch import TorchTrainer, TorchTrainerConfig
-
-        tag = self.tag
-
-        class LoudTrainer(TorchTrainer):
-            def optimizer_step(self, loss_normalizer):
-                print(f"loud trainer {tag}: optimizer step", flush=True)
-                return super().optimizer_step(loss_normalizer)
-
-        return LoudTrainer(TorchTrainerConfig(**common_options(context)))
-
-
-register_policy("foo", FooPolicy)
-register_rollout("counting", CountingRollout)
-register_trainer("loud", LoudTrainerOptions)
-'''
 
 
 @pytest.fixture
 def plugin_env(tmp_path) -> dict:
-    (tmp_path / "my_plugin.py").write_text(textwrap.dedent(PLUGIN))
-    return {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "ROLLPACKER_PLUGINS": "my_plugin"}
-
-
-def run(args, env, timeout=240):
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env=env)
-
-
-def simulate_cmd(*args) -> list[str]:
-    return ["-c", "import sys; from rollpacker.cli import main; sys.exit(main())", "simulate", *args]
+    return with_plugins(tmp_path, "my_plugin")
 
 
 @pytest.fixture(scope="module")
@@ -183,15 +86,15 @@ def test_the_plugin_options_are_in_the_help_of_both_clis(plugin_env):
                  "--foo.foo-knob INT A knob only the plugin has.", "--counting.label STR Printed beside the count",
                  "--loud.tag STR Printed at each optimizer step.", "Knobs of --rollout counting (The embedded engine, counted)."):
         assert part in text, part
-    sim = run(simulate_cmd("--help"), {**plugin_env, "COLUMNS": "200"}, timeout=120)
+    sim = run(simulate("--help"), {**plugin_env, "COLUMNS": "200"}, timeout=120)
     assert sim.returncode == 0 and "partial,foo}" in sim.stdout and "--foo-knob" in sim.stdout
     assert "A knob only the plugin has." in sim.stdout
 
 
 def test_a_plugin_policy_runs_in_the_simulator(plugin_env, tmp_path):
     out = tmp_path / "sim.json"
-    proc = run(simulate_cmd("--policy", "foo", "--foo-knob", "5", "--prompts", "4", "--samples", "2", "--steps", "2",
-                            "--max-tokens", "512", "--instances", "2", "--no-progress", "--json", str(out)),
+    proc = run(simulate("--policy", "foo", "--foo-knob", "5", "--prompts", "4", "--samples", "2", "--steps", "2",
+                        "--max-tokens", "512", "--instances", "2", "--no-progress", "--json", str(out)),
                plugin_env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -202,7 +105,7 @@ def test_a_plugin_policy_runs_in_the_simulator(plugin_env, tmp_path):
 @pytest.mark.parametrize("cli", ["train", "simulate"])
 def test_a_plugin_that_does_not_import_is_one_line_naming_the_variable(plugin_env, cli):
     env = {**plugin_env, "ROLLPACKER_PLUGINS": "my_plugin,no_such_plugin"}
-    proc = run([TRAIN, "--help"] if cli == "train" else simulate_cmd("--help"), env, timeout=120)
+    proc = run([TRAIN, "--help"] if cli == "train" else simulate("--help"), env, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert "ROLLPACKER_PLUGINS" in line and "'no_such_plugin'" in line
@@ -336,7 +239,7 @@ def test_both_clis_list_every_registered_policy_s_knobs_with_the_same_help(plugi
     """For each policy, the plugin's too: the same --NAME.KNOB flags under the same title in
     reference/train.py --help and rollpacker simulate --help, each with the same help and default."""
     helps = {"train": run([TRAIN, "--help"], {**plugin_env, "COLUMNS": "100"}, timeout=120),  # wider: columns
-             "simulate": run(simulate_cmd("--help"), {**plugin_env, "COLUMNS": "4000"}, timeout=120)}  # no wrapping
+             "simulate": run(simulate("--help"), {**plugin_env, "COLUMNS": "4000"}, timeout=120)}  # no wrapping
     assert all(proc.returncode == 0 for proc in helps.values()), [p.stderr for p in helps.values()]
     texts = {cli: normalized(proc.stdout) for cli, proc in helps.items()}
     check = ("import my_plugin, json; from rollpacker.core.policies import policy_sections\n"
