@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -220,31 +219,6 @@ def test_a_second_trainer_on_a_live_run_directory_is_refused_naming_the_pid(tiny
     done = RunDir(out / "sync").saved_step()
     proc = run_train("--resume", out / "sync", "--steps", done, timeout=100)  # the lock died with the process
     assert "nothing to do" in proc.stdout, proc.stderr[-3000:]
-
-
-# -- a damaged state/: one line naming the file and the way out, before anything loads ------------
-
-STATE_FILES = ("config.json", "hashes.json", "scheduler.json", "sizes.json", "trainer/.metadata",
-               "trainer/__0_0.distcp", "trainer/rollpacker_trainer.json")
-"""Every file a 1-step tiny run leaves in state/ (checked against `finished_run`)."""
-
-
-def test_the_damaged_state_cases_cover_every_state_file(finished_run):
-    state = finished_run / "state"
-    assert sorted(str(f.relative_to(state)) for f in state.rglob("*") if f.is_file()) == sorted(STATE_FILES)
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", STATE_FILES)
-def test_resume_from_a_truncated_state_file_is_one_line_naming_it(finished_run, tmp_path, name):
-    out = tmp_path / "run"
-    shutil.copytree(finished_run, out)
-    damaged = out / "state" / name
-    os.truncate(damaged, damaged.stat().st_size // 2)
-    proc = run_train("--resume", out, "--steps", 2, check=False, timeout=200)
-    assert_one_clear_line(proc, 2, f"--resume {out}", str(damaged), "fresh --out",
-                          f"--model {out / 'checkpoints' / 'step_1'}")
-    assert "Loading weights" not in proc.stderr and [r["step"] for r in records(out)] == [0]
 
 
 def _limit_file_size() -> None:

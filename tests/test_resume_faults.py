@@ -6,6 +6,7 @@ the reference trainer on the tiny random Llama, `rollpacker serve` on 127.0.0.1.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import urllib.request
 from pathlib import Path
@@ -16,8 +17,12 @@ from test_faults import assert_one_clear_line, error_lines, trained_keys
 from test_reference_train import records, run_train, tiny_model  # noqa: F401 - fixtures
 
 
-# -- a state file damaged in place, at its size: one line naming it, before anything loads --------
+# -- a damaged state/ (a file cut short, or changed in place at its size): one line naming the file
+# and the way out, before anything loads ---------------------------------------------------------
 
+STATE_FILES = ("config.json", "hashes.json", "scheduler.json", "sizes.json", "trainer/.metadata",
+               "trainer/__0_0.distcp", "trainer/rollpacker_trainer.json")
+"""Every file a 1-step tiny run leaves in state/ (checked against `finished_run`)."""
 CONTENT_FILES = ("config.json", "scheduler.json", "trainer/.metadata", "trainer/__0_0.distcp",
                  "trainer/rollpacker_trainer.json")
 """The state files a resume reads (sizes.json and hashes.json describe them)."""
@@ -40,15 +45,28 @@ def damage_in_place(path: Path) -> None:
     assert path.stat().st_size == size
 
 
+def cut_in_half(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+DAMAGED = [(cut_in_half, name, ()) for name in STATE_FILES] + [(damage_in_place, name, ("CRC-32",))
+                                                                for name in CONTENT_FILES]
+
+
+def test_the_damaged_state_cases_cover_every_state_file(finished_run):
+    state = finished_run / "state"
+    assert sorted(str(f.relative_to(state)) for f in state.rglob("*") if f.is_file()) == sorted(STATE_FILES)
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", CONTENT_FILES)
-def test_resume_from_a_state_file_damaged_in_place_is_one_line_naming_it(finished_run, tmp_path, name):
+@pytest.mark.parametrize("damage,name,says", DAMAGED, ids=[f"{d.__name__}-{n}" for d, n, _ in DAMAGED])
+def test_resume_from_a_damaged_state_file_is_one_line_naming_it(finished_run, tmp_path, damage, name, says):
     out = tmp_path / "run"
     shutil.copytree(finished_run, out)
     damaged = out / "state" / name
-    damage_in_place(damaged)
+    damage(damaged)
     proc = run_train("--resume", out, "--steps", 2, check=False, timeout=200)
-    assert_one_clear_line(proc, 2, f"--resume {out}", str(damaged), "CRC-32", "fresh --out",
+    assert_one_clear_line(proc, 2, f"--resume {out}", str(damaged), *says, "fresh --out",
                           f"--model {out / 'checkpoints' / 'step_1'}")
     assert "Loading weights" not in proc.stderr and [r["step"] for r in records(out)] == [0]
 
