@@ -23,6 +23,7 @@ import time
 
 import attrs
 
+from cpu_flags import add_cpu_flags, apply_threads
 from results_md import write_section
 
 SECTION = "Response-only LM head (trainer forward+backward)"
@@ -85,18 +86,14 @@ def main() -> None:
     ap.add_argument("--shapes", default="short,long")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model-dir", default=None, help="default: the default model (SmolLM2-135M-Instruct)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch's intra-op threads (default: torch's; 1 on a machine other jobs load, where two "
-                         "threads per process wait on each other's cores)")
-    ap.add_argument("--write-results", action="store_true")
+    add_cpu_flags(ap)
     args = ap.parse_args()
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown or args.reps < 1:
         ap.error(f"--shapes must be among {', '.join(SHAPES)} and --reps >= 1, got {args.shapes!r} and {args.reps}")
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     from rollpacker.backends.models import default_model_dir
 
     model_dir = args.model_dir or str(default_model_dir())

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+from cpu_flags import add_cpu_flags, apply_threads
 from results_md import write_section
 
 SECTION = "Shared prompt prefill (embedded engine)"
@@ -35,17 +36,13 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=12)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model-dir", default=None, help="a local model directory (default: SmolLM2-135M-Instruct)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch's intra-op threads (default: torch's; 1 on a machine other jobs load, where two "
-                         "threads per process wait on each other's cores)")
-    ap.add_argument("--write-results", action="store_true")
+    add_cpu_flags(ap)
     args = ap.parse_args()
     if min(args.prompts, args.samples, args.prompt_tokens, args.decode_steps, args.reps) < 1:
         ap.error("--prompts, --samples, --prompt-tokens, --decode-steps and --reps must be >= 1")
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     from rollpacker.backends.embedded.runner import Runner
     from rollpacker.backends.models import load_model
 

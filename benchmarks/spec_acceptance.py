@@ -46,6 +46,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cpu_flags import add_cpu_flags, apply_threads  # noqa: E402
 from results_md import write_section  # noqa: E402
 from rollpacker.backends.data.tasks import make_problems, render_prompt  # noqa: E402
 from rollpacker.backends.embedded.drafter import Drafter  # noqa: E402
@@ -180,16 +181,14 @@ def main() -> None:
     ap.add_argument("--spec-tokens", type=int, default=4, help="drafts per verify (the engine's spec_tokens)")
     ap.add_argument("--ngram", type=int, default=3, help="longest suffix matched (the engine's spec_ngram)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--write-results", action="store_true", help="also write RESULTS.md's section")
+    add_cpu_flags(ap)
     ap.add_argument("--results-only", action="store_true", help="only rewrite RESULTS.md from --out")
     args = ap.parse_args()
     if args.results_only:
         write_section("Speculation acceptance", results_body(json.loads(args.out.read_text())))
         return
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     model, tokenizer = load_model(None, dtype="float32", device="cpu")
     start = time.perf_counter()
     rows = generate(model, tokenizer, args.prompts, args.group, max(args.caps), args.seed)

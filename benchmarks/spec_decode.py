@@ -35,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cpu_flags import add_cpu_flags, apply_threads  # noqa: E402
 from results_md import write_section  # noqa: E402
 from rollpacker.backends.embedded.engine import EmbeddedEngine  # noqa: E402
 from rollpacker.backends.models import load_model  # noqa: E402
@@ -117,11 +118,9 @@ def main() -> None:
     parser.add_argument("--spec-tokens", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--write-results", action="store_true")
+    add_cpu_flags(parser)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     model, tokenizer = load_model(args.model, dtype=dtype, device=args.device)
     meta = {"command": "python benchmarks/spec_decode.py " + " ".join(sys.argv[1:]),
