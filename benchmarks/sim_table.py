@@ -18,7 +18,7 @@ import numpy as np
 from field_rows import ROLLOUT, STEP, ratios, run_totals, spread
 
 from results_md import write_section
-from rollpacker.sim import PAPER_SETTINGS, SimConfig, SimConstants, Simulation
+from rollpacker.sim import PAPER_SETTINGS, SimConfig, SimConstants
 
 POLICIES = [
     ("sync", "sync", {}),
