@@ -14,7 +14,7 @@ Everything here runs on the engine's loop thread, between decode steps, while no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import torch
 
