@@ -2,8 +2,8 @@
 batching, on the same model and the same mixed-length requests.
 
     .venv/bin/python benchmarks/engine_throughput.py            # full run (a few minutes on 2 cores)
-    .venv/bin/python benchmarks/engine_throughput.py --quick    # under 60 s: a smoke run (16 requests,
-                                                                # cap 64: prefill dominates, ratios mean little)
+    .venv/bin/python benchmarks/engine_throughput.py --quick    # 32 requests, cap 256, 16 rows: a mixed-length
+                                                                # tail long enough that decoding dominates
     .venv/bin/python benchmarks/engine_throughput.py --write-results   # also update RESULTS.md
     .venv/bin/python benchmarks/engine_throughput.py --device cuda --batch 128 --cap 1024 --requests 256
 
@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_md import write_section  # noqa: E402
 from rollpacker.backends.embedded.engine import EmbeddedEngine  # noqa: E402
 from rollpacker.backends.models import load_model  # noqa: E402
 from rollpacker.core.protocols import GenerationRequest, GenerationResult  # noqa: E402
@@ -193,25 +193,6 @@ def percentiles(xs: list[int]) -> dict:
             "mean": round(float(a.mean()), 1)}
 
 
-def update_results(subsection: str, body: str, path: Path = ROOT / "benchmarks" / "RESULTS.md") -> None:
-    """Replace (or add) `### {subsection}` inside the `## Embedded engine` section of the shared
-    RESULTS.md, leaving every other section and subsection as it is."""
-    text = path.read_text() if path.exists() else "# Results\n"
-    head = "## Embedded engine\n"
-    block = f"### {subsection}\n\n{body.strip()}\n\n"
-    section_re = re.compile(r"^## Embedded engine\n.*?(?=^## |\Z)", re.S | re.M)
-    match = section_re.search(text)
-    if match is None:
-        text = text.rstrip("\n") + "\n\n" + head + "\n" + block
-    else:
-        section = match.group(0)
-        sub_re = re.compile(rf"^### {re.escape(subsection)}\n.*?(?=^### |\Z)", re.S | re.M)
-        section = sub_re.sub(lambda _: block, section, count=1) if sub_re.search(section) else (
-            section.rstrip("\n") + "\n\n" + block)
-        text = text[: match.start()] + section.rstrip("\n") + "\n\n" + text[match.end():].lstrip("\n")
-    path.write_text(text.rstrip("\n") + "\n")
-
-
 def results_body(r: dict) -> str:
     return (
         f"`{r['command']}` on {r['machine']} (shared with other jobs: timings are noisy), torch {r['torch']}, "
@@ -242,9 +223,9 @@ def decode_body(d: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small workload, under 60 s")
+    parser.add_argument("--quick", action="store_true", help="a smaller workload: 32 requests, cap 256, 16 rows")
     parser.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default=None, help="default: float32 on the CPU, bfloat16 on CUDA")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--profile-context", type=int, default=256,
                         help="CUDA: context tokens per row of the decode-step profile")
@@ -256,9 +237,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="alternating runs, best kept (quick 1, else 2)")
     parser.add_argument("--write-results", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
-    n = args.requests or (16 if args.quick else 96)
-    cap = args.cap or (64 if args.quick else 384)
-    batch = args.batch or (8 if args.quick else 32)
+    n = args.requests or (32 if args.quick else 96)
+    cap = args.cap or (256 if args.quick else 384)
+    batch = args.batch or (16 if args.quick else 32)
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
 
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -309,10 +291,11 @@ def main() -> None:
     print(json.dumps(line), flush=True)
     if args.write_results:
         title = "Throughput" if args.device == "cpu" else f"Throughput ({line['machine']})"
+        title += " --quick" if args.quick else ""
         body = results_body(line)
         if "decode_step" in line:
             body += "\n\n" + decode_body(line["decode_step"])
-        update_results(title, body)
+        write_section("Embedded engine", body, subsection=title)
 
 
 if __name__ == "__main__":

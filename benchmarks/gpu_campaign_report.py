@@ -22,6 +22,8 @@ def engine_body(r: dict, header: str) -> str:
              f"{r['num_requests']} requests, cap {r['cap']} new tokens, capacity {r['batch']}, {r['dtype']}; "
              f"lengths {r['lengths']}.", "", "| engine | tokens/s | vs static |", "|---|---|---|"]
     lines += [f"| {name} | {tok_s} | {ratio}x |" for name, tok_s, ratio in rows]
+    if r.get("embedded_vs_hf_cb") is not None:
+        lines += ["", f"Embedded engine against transformers' continuous batching: {r['embedded_vs_hf_cb']}x."]
     if "decode_step" in r:
         d = r["decode_step"]
         lines += ["", f"Decode step at {d['rows']} rows x {d['context']} tokens: {d['graph_ms']} ms with CUDA graphs, "
