@@ -130,7 +130,7 @@ class RandomBackend:
     def start_scoring(self, command: StartScoring) -> None:
         reward = float(self.rng.random() < 0.5)
         seconds = self.rng.random() * self.SCORER_S
-        late = seconds > command.timeout
+        late = seconds > command.time_limit
         if late:  # the core times it out at its deadline
             self._push(command.deadline, DeadlinePassed())
         if not late or self.rng.random() < 0.5:  # a late scorer hangs, or answers after its deadline

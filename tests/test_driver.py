@@ -141,7 +141,7 @@ def test_every_core_command_has_a_route_and_start_scoring_is_one():
     sample = Sample("rp000000000001", PromptKey(0, 0), 0, (Segment("rp000000000001", 4, 0),), "stop")
     examples = {
         SetTensorParallel: SetTensorParallel(2), LaunchRequest: launch(1), AbortRequest: AbortRequest("rp000000000001"),
-        ScoreSample: ScoreSample(sample), StartScoring: StartScoring("rp000000000001", 30.0, 30.0),
+        ScoreSample: ScoreSample(sample), StartScoring: StartScoring("rp000000000001", 30.0, 0.0),
         CloseGroup: CloseGroup(PromptKey(0, 0), (sample,)), TrainMicroBatch: TrainMicroBatch(0, 0, ()),
         StepOptimizer: StepOptimizer(0, 1.0, 0, 0, 0),
         EndRound: EndRound(0, "normal", (PromptKey(0, 0),), None),  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from rollpacker.backends.rewards.pool import ProcessRewardExecutor
 from rollpacker.core import BatcherConfig, RewardConfig, Scheduler, make_policy
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import RewardJob, RewardOutcome
-from rollpacker.driver import StepLoop, VirtualClock
+from rollpacker.driver import StartGrace, StepLoop, VirtualClock
 from rollpacker.train.config import RunConfig
 from test_step_loop import GOOD, Prompts, RecordingTrainer, ScriptedEngine, ScriptedRewards
 
@@ -169,6 +169,7 @@ def test_a_late_answer_on_the_live_path_is_expired_by_the_cores_deadline_as_in_t
     assert rewards.late_answered_at is not None and rewards.late_answered_at < clock.now(), \
         "the case under test: the late answer came while the step ran"
     assert (sched.reward_state.timeouts, sched.reward_state.failures) == (1, 0), "timed out by the core's deadline"
+    assert sched.reward_state.grace == 0.0, "an executor that starts each job on submission tells no grace"
     by_k = {int(i.token_ids[1]): i.reward for i in loop.last_timeline}
     assert by_k == {0: 0.0, 1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0, 5: 0.0, 6: 1.0, 7: 0.0}
     assert record["reward_failures"] == 1 and record["mean_reward"] == 3 / 8
@@ -205,10 +206,11 @@ def slower_warm_up() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_the_loop_reads_the_pool_s_start_grace_as_it_grows():
+def test_the_core_follows_the_pool_s_start_grace_as_it_grows():
     """The loop is built before the pool has started a worker (as the reference trainer builds it): the
-    grace the live path waits past a deadline must follow what the pool measures afterwards, not stay
-    at the floor it had when the loop was built."""
+    grace the core waits past a deadline must follow what the pool measures afterwards, not stay at
+    the floor it had when the loop was built.  The live backend's wait tells the core each new value
+    (`StartGrace`), and the core's next expiry moves with it."""
     from rollpacker.backends.rewards.pool import MIN_START_GRACE_S
 
     calls: list = []
@@ -217,7 +219,18 @@ def test_the_loop_reads_the_pool_s_start_grace_as_it_grows():
                       batcher=BatcherConfig(token_budget=1), rewards=RewardConfig(workers=1, t_min=1.0, t_max=1.0))
     with ProcessRewardExecutor(1, scorer=hanging_scorer, warmup=slower_warm_up) as rewards:
         loop = StepLoop(sched, engine, rewards, RecordingTrainer(calls, engine), Prompts())
-        assert loop.live.rewards.grace_s == MIN_START_GRACE_S  # no worker start measured yet
+
+        def one_wait() -> list:
+            inputs = loop.live.wait()
+            for item in inputs:
+                loop.feed(item)
+            return inputs
+
+        assert one_wait() == [StartGrace(MIN_START_GRACE_S)]  # no worker start measured yet
+        assert sched.reward_state.grace == MIN_START_GRACE_S and one_wait() == []  # told once
         warm_up(rewards)
         assert rewards.start_grace_s >= 12.0
-        assert loop.live.rewards.grace_s == rewards.start_grace_s
+        assert one_wait() == [StartGrace(rewards.start_grace_s)]
+        assert sched.reward_state.grace == rewards.start_grace_s
+        (start,) = sched.start_scoring("rp000000000000", at=100.0)
+        assert (start.deadline, sched.next_reward_expiry) == (101.0, 101.0 + rewards.start_grace_s)

@@ -35,13 +35,14 @@ class Scorers:
         for item in out:
             if isinstance(item, StartScoring):
                 runs = self.started.setdefault(item.request_id, [])
+                assert item.at == self.now
                 assert item.copy == len(runs) <= self.config.hedge_copies, "copies one after another, at most hedge_copies"
                 if item.copy:
-                    assert item.deadline == self.deadline[item.request_id] and item.timeout == item.deadline - self.now
+                    assert item.deadline == self.deadline[item.request_id] and item.time_limit == item.deadline - self.now
                 self.deadline[item.request_id] = item.deadline
                 runs.append(self.now)
                 seconds = self.times[int(item.request_id[2:])][item.copy]
-                if seconds < item.timeout:
+                if seconds < item.time_limit:
                     self.push(self.now + seconds, ("answer", item.request_id, seconds))
                 self.push(item.deadline, ("deadline",))
                 if item.hedge_at is not None:

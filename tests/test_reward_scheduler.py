@@ -20,6 +20,7 @@ from rollpacker.core import (
     ScoreSample,
     make_policy,
 )
+from rollpacker.core.errors import SchedulerMisuse
 from rollpacker.core.records import request_id, request_number
 from rollpacker.core.reward_scheduler import RewardConfig, RewardScheduler, StartScoring
 from rollpacker.driver import DeadlinePassed, Driver, HedgeDue, ScorerAnswered, VirtualClock
@@ -46,11 +47,11 @@ def test_worker_budget_and_anchor():
     s, out2 = sched.submit(s, request_id(2), 0.0)
     s, out3 = sched.submit(s, request_id(3), 0.0)
     assert len(starts(out + out2)) == 2 and not starts(out3) and s.num_waiting == 1
-    assert starts(out)[0].timeout == 30.0
+    assert (starts(out)[0].deadline, starts(out)[0].at, starts(out)[0].time_limit) == (30.0, 0.0, 30.0)
     s, out = sched.finished(s, request_id(1), 1.0, True, 4.0)  # correct after 4 s: anchor 4
     assert out[0] == RewardScored(request_id(1), 1.0, False, 4.0)
     (start,) = starts(out)
-    assert start.request_id == request_id(3) and start.timeout == 6.0 and start.deadline == 10.0
+    assert start.request_id == request_id(3) and start.deadline == 10.0 and start.at == 4.0 and start.time_limit == 6.0
     s, out = sched.expire(s, 10.0)  # request 3 times out (request 2's deadline is 30)
     assert out == [RewardScored(request_id(3), 0.0, True, 10.0)]
     s, out = sched.finished(s, request_id(3), 1.0, True, 11.0)  # late answer ignored
@@ -131,18 +132,19 @@ class TimedScorers:
 
     def start_scoring(self, command: StartScoring) -> None:
         now = self.clock.now()
+        assert command.at == now
         if command.copy:  # a hedge: the sample's deadline, the time left to it
-            assert command.deadline == self.deadlines[command.request_id] and command.timeout == command.deadline - now
+            assert command.deadline == self.deadlines[command.request_id] and command.time_limit == command.deadline - now
             self.hedged.add(command.request_id)
         else:
-            assert command.timeout == pytest.approx(self.config.timeout(self.anchor))
-            assert command.deadline == now + command.timeout
+            assert command.time_limit == pytest.approx(self.config.timeout(self.anchor))
+            assert command.deadline == now + self.driver.sched.reward_timeout  # (the core's T when it started it)
             self.deadlines[command.request_id] = command.deadline
             self.first_start[command.request_id] = now
         if command.hedge_at is not None:
             self._push(command.hedge_at, HedgeDue())
         seconds = next(self.draw)
-        if seconds < command.timeout:
+        if seconds < command.time_limit:
             reward = float(request_number(command.request_id) % 2 == 0)  # even requests are correct
             self._push(now + seconds, ScorerAnswered(command.request_id, reward, seconds=seconds))
         else:
@@ -225,20 +227,30 @@ def test_start_scoring_says_how_long_the_sample_waited_for_a_worker():
     assert [(s.request_id, s.queued_s) for s in starts(out)] == [(request_id(1), 3.5)]
 
 
-@given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=20), st.floats(0.0, 100.0), st.floats(0.0, 100.0))
-def test_expire_with_a_due_time_cuts_exactly_the_deadlines_up_to_it(arrivals, at, due):
-    """A backend whose executor may start a job late expires by the core's clock only what is past
-    `due` (a grace before now): the deadlines <= min(due, at) are cut, every later one keeps running."""
+@given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=20), st.floats(0.0, 100.0), st.floats(0.0, 50.0))
+def test_expire_with_a_start_grace_cuts_exactly_the_deadlines_a_grace_past(arrivals, at, grace):
+    """A backend whose executor may start a job late tells the core its start grace: the core then cuts
+    only the scorings whose deadline plus the grace is <= at (`next_expiry` the first deadline plus
+    the grace), every later one keeps running; the deadlines and time limits it gives do not move."""
     sched = RewardScheduler(RewardConfig(workers=len(arrivals), t_min=2.0, t_max=2.0, hedge_after=None))
-    s, clock = sched.initial(), 0.0
+    s, clock = sched.set_grace(sched.initial(), grace), 0.0
     for i, arrived in enumerate(sorted(arrivals)):
         clock = arrived
-        s, _ = sched.submit(s, request_id(i), arrived)
+        s, out = sched.submit(s, request_id(i), arrived)
+        assert [(c.deadline, c.at, c.time_limit) for c in starts(out)] == [(arrived + 2.0, arrived, pytest.approx(2.0))]
     at = max(at, clock)
     deadlines = {rid: deadline for _, (rid, deadline, _) in s.running.items()}
-    s, out = sched.expire(s, at, due)
+    assert s.next_expiry == min(deadlines.values()) + grace
+    s, out = sched.expire(s, at)
     cut = {o.request_id for o in out if isinstance(o, RewardScored)}
-    assert cut == {rid for rid, d in deadlines.items() if d <= min(due, at)}
+    assert cut == {rid for rid, d in deadlines.items() if d + grace <= at}
     assert all(o.failed and o.at == at for o in out if isinstance(o, RewardScored))
     assert {rid for _, (rid, _, _) in s.running.items()} == set(deadlines) - cut
     assert s.timeouts == len(cut) and s.busy == len(deadlines) - len(cut)
+    assert s.next_expiry is None or s.next_expiry > at
+
+
+def test_start_grace_must_not_be_negative():
+    sched = RewardScheduler()
+    with pytest.raises(SchedulerMisuse, match="start grace"):
+        sched.set_grace(sched.initial(), -1.0)

@@ -65,19 +65,29 @@ class ScoreSample:
 @frozen
 class StartScoring:
     """Run the scorer of `request_id` now (the core's reward scheduler gave it a worker); the core
-    gives up on it at `deadline` (answer: `scoring_finished`, or `expire_rewards` once the deadline passed)."""
+    gives up on it at `deadline` (answer: `scoring_finished`, or `expire_rewards` once the clock
+    passed `Scheduler.next_reward_expiry`)."""
 
     request_id: str
     deadline: float
-    timeout: float
+    """The core's time at which the sample's scoring ends: its adaptive timeout past its first
+    start, shared by every copy."""
+    at: float
+    """The core's time of this start."""
     queued_s: float = 0.0
     """How long the sample waited for a worker (since `start_scoring`)."""
     copy: int = 0
-    """0: the sample's execution; k >= 1: a hedge, one more execution of a slow one (same deadline,
-    `timeout` the time left to it): the first answer of any is the sample's."""
+    """0: the sample's execution; k >= 1: a hedge, one more execution of a slow one (same deadline):
+    the first answer of any is the sample's."""
     hedge_at: float | None = None
     """When this execution is due for a hedge (the driver then calls `Scheduler.hedge_rewards`);
     None: never (hedging off, a copy, or not before the deadline)."""
+
+    @property
+    def time_limit(self) -> float:
+        """How long this execution may run: from its start to the deadline.  What an executor that
+        times a job from its own start is given (`RewardJob.deadline_s`)."""
+        return self.deadline - self.at
 
 
 @frozen

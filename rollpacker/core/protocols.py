@@ -211,6 +211,8 @@ class RewardJob:
     entry: Any
     response: str
     deadline_s: float = 10.0
+    """Seconds the scorer may run, counted from the executor's start of the job (the live driver
+    gives each job its `StartScoring.time_limit`)."""
     copy: int = 0
     """0: the sample's execution; k >= 1: a hedge (StartScoring.copy), in flight beside it."""
 

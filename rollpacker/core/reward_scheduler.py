@@ -29,9 +29,15 @@ ignored (a backend cancels them).  A hang or a slow execution then costs about `
 a fresh execution instead of the timeout.  The
 driver wakes the core at a start's `hedge_at` (`hedge(state, at)`); every other input hedges too.
 
+Each sample's deadline is decided here once, at its first start (`at + T`), and every copy of it
+carries that deadline (`StartScoring.deadline`).  The core cuts a scoring at its deadline plus
+`state.grace`: how late the driver's reward executor may start a job that it times out from its own
+start (`set_grace`; 0 unless told), so a scoring that waited in the executor for a worker is never
+cut before the executor's own timeout.
+
 Pure: `(state, input) -> (state, outputs)`, where outputs are `StartScoring` commands for the driver
 and `RewardScored` events for the core's Scheduler.  Time is an input (`at`); the driver calls
-`expire(state, at)` when the clock passes `state.next_deadline`.
+`expire(state, at)` when the clock passes `state.next_expiry`.
 """
 
 from __future__ import annotations
@@ -92,6 +98,9 @@ class RewardState:
     """Tickets of waiting samples of complete groups, in promotion order: they start first."""
     running: Map = field(factory=Map)
     """request number -> (request id, deadline, start time of each copy)."""
+    grace: float = 0.0
+    """Seconds past a deadline before the core cuts the scoring: how late the reward executor may
+    start a job it times out from its own start (`RewardScheduler.set_grace`)."""
     busy: int = 0
     """Executions running (a hedged sample counts twice)."""
     anchor: float | None = None
@@ -101,10 +110,15 @@ class RewardState:
     failures: int = 0
     hedges: int = 0
 
+    def expiry(self, deadline: float) -> float:
+        """When the core cuts a scoring with this deadline: `grace` past it."""
+        return deadline + self.grace
+
     @property
-    def next_deadline(self) -> float | None:
+    def next_expiry(self) -> float | None:
+        """When the core next cuts a running scoring (None: none runs)."""
         deadlines = [d for _, (_, d, _) in self.running.items()]
-        return min(deadlines) if deadlines else None
+        return self.expiry(min(deadlines)) if deadlines else None
 
     @property
     def num_waiting(self) -> int:
@@ -155,16 +169,20 @@ class RewardScheduler:
         out: list = [RewardScored(request_id, 0.0 if failed else reward, failed, at)]
         return self._start(state, at, out)
 
-    def expire(self, state: RewardState, at: float, due: float | None = None) -> tuple[RewardState, list]:
-        """At `at`, time out every running sample whose deadline is <= `due` (default `at`; both
-        copies of a hedged one).  A backend that starts a scoring later than its StartScoring (its
-        pool waits for a worker process) enforces the deadline from its own start, and expires by
-        the core's clock only what is past `due`, a grace earlier than `at`."""
+    def set_grace(self, state: RewardState, seconds: float) -> RewardState:
+        """The reward executor may start a job up to `seconds` after its StartScoring and times it
+        out from that start: the core cuts a scoring only `seconds` past its deadline."""
+        if not seconds >= 0:
+            raise SchedulerMisuse(f"reward scheduler: start grace must be >= 0, got {seconds}")
+        return attrs.evolve(state, grace=float(seconds))
+
+    def expire(self, state: RewardState, at: float) -> tuple[RewardState, list]:
+        """At `at`, time out every running sample whose expiry (its deadline plus `state.grace`) is
+        <= `at`, both copies of a hedged one."""
         out: list = []
         running, busy = state.running, state.busy
-        cut = at if due is None else min(due, at)
         for number, (rid, deadline, starts) in sorted(state.running.items()):
-            if deadline <= cut:
+            if state.expiry(deadline) <= at:
                 running = running.delete(number)
                 busy -= len(starts)
                 out.append(RewardScored(rid, 0.0, True, at))
@@ -198,10 +216,10 @@ class RewardScheduler:
             queue = queue.delete(ticket)
             number = request_number(rid)
             tickets = tickets.delete(number)
-            running = running.set(number, (rid, at + timeout, (at,)))
+            deadline = at + timeout
+            running = running.set(number, (rid, deadline, (at,)))
             busy += 1
-            out.append(StartScoring(rid, at + timeout, timeout, at - arrived,
-                                    hedge_at=self._hedge_at(at, at + timeout)))
+            out.append(StartScoring(rid, deadline, at, at - arrived, hedge_at=self._hedge_at(at, deadline)))
         state = attrs.evolve(state, queue=queue, head=head, first=first if queue else (), tickets=tickets,
                              running=running, busy=busy)
         return self._hedge(state, at, out)
@@ -224,6 +242,6 @@ class RewardScheduler:
             rid, deadline, starts = running[number]
             running = running.set(number, (rid, deadline, (*starts, at)))
             busy += 1
-            out.append(StartScoring(rid, deadline, deadline - at, 0.0, copy=len(starts),
+            out.append(StartScoring(rid, deadline, at, 0.0, copy=len(starts),
                                     hedge_at=self._hedge_at(at, deadline, len(starts))))
         return attrs.evolve(state, running=running, busy=busy, hedges=state.hedges + busy - state.busy), out

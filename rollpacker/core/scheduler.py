@@ -12,11 +12,12 @@ feeds RollPacker's online rule.
 It also holds the reward scheduler (reward_scheduler.py: worker budget and RollPacker's adaptive
 timeout), so every driver gets each sample's scoring deadline from the core.  A driver that runs
 scorers with deadlines calls `start_scoring` for each ScoreSample, runs a scorer for each
-`StartScoring(request_id, deadline, timeout)` it gets back, reports answers with `scoring_finished`
-and, if it enforces deadlines by the core's clock, calls `expire_rewards` when the clock passes
-`next_reward_deadline`; it calls `hedge_rewards` when the clock passes a StartScoring's
-`hedge_at`.  A driver that scores on its own answers ScoreSample with
-`handle(RewardScored(...))` instead.
+`StartScoring(request_id, deadline, at)` it gets back (for `time_limit` seconds), reports answers
+with `scoring_finished` and calls `expire_rewards` when the clock passes `next_reward_expiry`; it
+calls `hedge_rewards` when the clock passes a StartScoring's `hedge_at`.  A driver whose reward
+executor may start a job late and times it out from that start tells the core how late
+(`set_reward_grace`): the core then cuts a scoring only that long past its deadline.  A driver that
+scores on its own answers ScoreSample with `handle(RewardScored(...))` instead.
 
     sched = Scheduler(make_policy("tail", prompts=P, samples=R, max_tokens=L), num_prompts=N)
     commands = sched.begin_round()
@@ -102,12 +103,18 @@ class Scheduler:
     # -- scoring with the core's deadlines --------------------------------------------------------
 
     @property
-    def next_reward_deadline(self) -> float | None:
-        return self.reward_state.next_deadline
+    def next_reward_expiry(self) -> float | None:
+        """When the core next cuts a scoring (its deadline plus the executor's start grace)."""
+        return self.reward_state.next_expiry
+
+    def set_reward_grace(self, seconds: float) -> None:
+        """The reward executor may start a job `seconds` late and times it out from that start: the
+        core cuts a scoring only `seconds` past its deadline."""
+        self.reward_state = self.rewards.set_grace(self.reward_state, seconds)
 
     @property
     def reward_timeout(self) -> float:
-        """The deadline a sample starting scoring now gets."""
+        """The adaptive timeout a sample starting scoring now gets (its deadline is this past its start)."""
         return self.rewards.config.timeout(self.reward_state.anchor)
 
     def start_scoring(self, request_id: str, at: float) -> list:
@@ -128,10 +135,10 @@ class Scheduler:
                                                        failed, seconds)
         return self._scored(out)
 
-    def expire_rewards(self, at: float, due: float | None = None) -> list:
-        """Fail every scoring whose deadline is <= `due` (default `at`) at `at` (reward 0); outputs as
+    def expire_rewards(self, at: float) -> list:
+        """Fail every scoring whose expiry (`next_reward_expiry`) is <= `at` (reward 0); outputs as
         `scoring_finished`."""
-        self.reward_state, out = self.rewards.expire(self.reward_state, at, due)
+        self.reward_state, out = self.rewards.expire(self.reward_state, at)
         return self._scored(out)
 
     def hedge_rewards(self, at: float) -> list:

@@ -64,7 +64,7 @@ from rollpacker.core.records import PromptKey
 
 from .clock import Clock, WallClock
 from .colocate import Colocation
-from .loop import DeadlinePassed, Driver, Input
+from .loop import Driver, Input
 from .observer import NoticeObserver, StepBegun
 from .reward_staging import RewardStaging
 from .step_log import Interval, StepLog
@@ -120,7 +120,7 @@ class LiveBackend(NoticeObserver):
                  prompts: PromptSource, clock: Clock, config: LoopConfig | None = None,
                  on_progress: Callable[[str, dict], None] | None = None, watch: StepWatch | None = None) -> None:
         self.sched = scheduler
-        """Read only: progress messages name its running requests."""
+        """Read only: progress messages name its running requests; `wait` reads its next reward expiry."""
         self.engine = engine
         self.rewards = RewardStaging(rewards, clock)
         self.worker = TrainWorker(trainer, clock)
@@ -172,9 +172,9 @@ class LiveBackend(NoticeObserver):
     def wait(self) -> list[Input]:
         """Poll the trainer and the reward executor, then the engine (waiting up to `poll_s` on
         whichever is due); the trainer's finished micro-batches are recorded, never waited for.
-        Once the clock passes a `StartScoring.deadline` (by the executor's start grace), a
-        `DeadlinePassed` comes first: the core expires what its deadline cut, before any answer of
-        the same poll (which is then late)."""
+        The executor's start grace, when it changed (`StartGrace`), comes first; then, once the
+        clock passed the core's next reward expiry, a `DeadlinePassed`: the core expires what its
+        deadlines cut, before any answer of the same poll (which is then late)."""
         log = self._log
         log.trained_jobs(self.worker.poll())
         outcomes = self.rewards.poll(timeout=0)
@@ -185,9 +185,7 @@ class LiveBackend(NoticeObserver):
         inputs: list[Input] = [self._engine_event(out) for out in outputs if isinstance(out, GenerationResult)]
         inputs += self.rewards.answers(outcomes)
         inputs.extend(self.rewards.hedges_due())  # (after the answers: a sample just answered is not hedged)
-        due = self.rewards.deadline_passed()
-        if due is not None:
-            inputs.insert(0, DeadlinePassed(due))
+        inputs[:0] = self.rewards.grace_news() + self.rewards.expiry_passed(self.sched.next_reward_expiry)
         if inputs:
             self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
         return inputs
@@ -229,7 +227,7 @@ class LiveBackend(NoticeObserver):
         self.rewards.stage(sample.request_id, job)
 
     def start_scoring(self, command: StartScoring) -> None:
-        """Stage the scoring (`RewardStaging.start`: the core's timeout and deadline, as the simulator's)."""
+        """Stage the scoring (`RewardStaging.start`: the command's time limit, as the simulator's)."""
         if not command.copy:
             self._log.reward_waits.append(command.queued_s)
         self.rewards.start(command)

@@ -24,10 +24,12 @@ a deadlock) raises `StepStalled`, live and simulated alike.
 Scoring: a `ScoreSample` is told to the observer first (the backend prepares the sample's reward
 job), then handed to the core's reward scheduler; each `StartScoring` it gives back (RollPacker's
 adaptive deadline included) is a command like the others, and the scorers' answers come back
-through `wait` as `ScorerAnswered`; once the clock passes a `StartScoring.deadline`, the backend's
-`wait` returns `DeadlinePassed` and the core times out what that deadline cut (live and simulated
-alike: one expiry path, an answer after it is ignored); a backend whose StartScoring has a `hedge_at`
-reports `HedgeDue` when its clock passes it (the core may then start a second copy, `copy=1`).
+through `wait` as `ScorerAnswered`; once the clock passes the core's next expiry (a
+`StartScoring.deadline`, plus the start grace a backend's reward executor told the core with
+`StartGrace`), the backend's `wait` returns `DeadlinePassed` and the core times out what that expiry
+cut (live and simulated alike: one expiry path, an answer after it is ignored); a backend whose
+StartScoring has a `hedge_at` reports `HedgeDue` when its clock passes it (the core may then start a
+second copy, `copy=1`).
 """
 
 from __future__ import annotations
@@ -74,13 +76,17 @@ class ScorerAnswered:
 
 @frozen
 class DeadlinePassed:
-    """The clock reached the core's next reward deadline: the scorings past it time out."""
+    """The clock reached the core's next reward expiry (`Scheduler.next_reward_expiry`): every
+    scoring whose expiry passed times out."""
 
-    due: float | None = None
-    """Only the scorings whose deadline is <= this time out (None: the clock's now).  A live backend
-    whose executor may start a job late (waiting for a replacement worker) and enforces the deadline
-    from that start sets it a grace before now, so the core never cuts a scoring the executor has
-    not timed out."""
+
+@frozen
+class StartGrace:
+    """The backend's reward executor may start a job up to `seconds` after its StartScoring (waiting
+    for a replacement worker) and times it out from that start: the core cuts a scoring only this long
+    past its deadline, so never before the executor's own timeout."""
+
+    seconds: float
 
 
 @frozen
@@ -88,7 +94,7 @@ class HedgeDue:
     """The clock reached a StartScoring's `hedge_at`: a slow execution may get a second copy."""
 
 
-Input = RequestFinished | RequestAborted | ScorerAnswered | DeadlinePassed | HedgeDue
+Input = RequestFinished | RequestAborted | ScorerAnswered | DeadlinePassed | HedgeDue | StartGrace
 
 
 class Backend(Protocol):
@@ -102,7 +108,8 @@ class Backend(Protocol):
     def abort(self, request_ids: Sequence[str]) -> None: ...
 
     def start_scoring(self, command: StartScoring) -> None:
-        """Run the kept sample's scorer; the core gives up on it at `command.deadline`."""
+        """Run the kept sample's scorer for `command.time_limit`; the core gives up on it at
+        `command.deadline`."""
 
     def train(self, command: TrainMicroBatch) -> None:
         """Start training the micro-batch and return without waiting for it: the loop must go on
@@ -180,7 +187,10 @@ class Driver:
             reward = 0.0 if item.failed else item.reward
             return self.sched.scoring_finished(item.request_id, reward, now, item.failed, seconds=item.seconds)
         if isinstance(item, DeadlinePassed):
-            return self.sched.expire_rewards(now, item.due)
+            return self.sched.expire_rewards(now)
+        if isinstance(item, StartGrace):
+            self.sched.set_reward_grace(item.seconds)
+            return []
         if isinstance(item, HedgeDue):
             return self.sched.hedge_rewards(now)
         return self.sched.handle(item)

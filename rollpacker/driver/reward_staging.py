@@ -3,12 +3,13 @@ and the times the core must hear of.
 
 A kept sample's job is staged (`stage`) until the core starts its scoring (`start`, a hedge starts the
 same job again); the executor's answers are reduced to each sample's first (`answers`: the other
-copies of a hedged one are cancelled).  The `StartScoring` deadlines and hedge times are heaps: once
-the clock passes one, `deadline_passed` / `hedges_due` tell the driver's `wait`, so the core expires
-a late scoring by its own deadline, as in the simulator.  An executor that may start a job late (a
-`LateStartingRewardExecutor`: its pool waits for a worker started in place of one killed at a
-deadline) times the job out from its own start; the core's expiry then waits its `start_grace_s`
-past a deadline, so a scoring that waited for a worker is never cut before it ran."""
+copies of a hedged one are cancelled).  Each job runs for its `StartScoring.time_limit`.  The hedge
+times are a heap: once the clock passes one, `hedges_due` tells the driver's `wait`; once it passes
+the core's next expiry, `expiry_passed` does, so the core expires a late scoring by its own deadline,
+as in the simulator.  An executor that may start a job late (a `LateStartingRewardExecutor`: its pool
+waits for a worker started in place of one killed at a deadline) times the job out from its own
+start; `grace_news` tells the core its `start_grace_s`, and the core cuts a scoring only that long
+past its deadline, so a scoring that waited for a worker is never cut before it ran."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from rollpacker.core import StartScoring
 from rollpacker.core.protocols import LateStartingRewardExecutor, RewardExecutor, RewardJob, RewardOutcome
 
 from .clock import Clock
-from .loop import HedgeDue, ScorerAnswered
+from .loop import DeadlinePassed, HedgeDue, ScorerAnswered, StartGrace
 
 
 class RewardStaging:
@@ -30,30 +31,23 @@ class RewardStaging:
         self.clock = clock
         self._jobs: dict[str, RewardJob] = {}
         """Reward jobs of kept samples until their first answer (a hedge runs the same job again)."""
-        self._deadlines: list[float] = []
-        """The started scorings' `StartScoring.deadline`s, a heap."""
         self._hedged: set[str] = set()
         """Samples with hedged copies in flight: the first answer cancels the others."""
         self._hedge_due: list[float] = []
         """Heap of the StartScoring `hedge_at` times still ahead (each a HedgeDue for the core)."""
-
-    @property
-    def grace_s(self) -> float:
-        """How long past a deadline the core expires (the executor's own timeout comes first): read
-        at each use, since the pool's grace grows with the worker starts it measures."""
-        executor = self.executor
-        return executor.start_grace_s if isinstance(executor, LateStartingRewardExecutor) else 0.0
+        self._told_grace: float | None = None
+        """The executor's start grace as last told to the core (None: not yet)."""
 
     def stage(self, request_id: str, job: RewardJob) -> None:
         """A kept sample's job, until the core starts its scoring."""
         self._jobs[request_id] = job
 
     def start(self, command: StartScoring) -> None:
-        """Send the job to the executor with the core's timeout (its worker is killed past it; a hedge:
-        the time left); the core expires it by its clock at `command.deadline`.  A hedge of a sample
-        whose answer is already in hand is not sent: its answer came in this poll, and the core, fed
-        an input of the same poll before it (a finished request, another answer, an expiry), freed or
-        filled a worker and hedged the sample it has not been told of yet (its answer comes next)."""
+        """Send the job to the executor for the command's `time_limit` (its worker is killed past it);
+        the core expires it by its own clock.  A hedge of a sample whose answer is already in hand is
+        not sent: its answer came in this poll, and the core, fed an input of the same poll before it
+        (a finished request, another answer, an expiry), freed or filled a worker and hedged the
+        sample it has not been told of yet (its answer comes next)."""
         if command.copy and command.request_id not in self._jobs:
             return
         if command.copy:
@@ -61,8 +55,7 @@ class RewardStaging:
         if command.hedge_at is not None:
             heapq.heappush(self._hedge_due, command.hedge_at)
         job = self._jobs[command.request_id]
-        self.executor.submit(attrs.evolve(job, deadline_s=command.timeout, copy=command.copy))
-        heapq.heappush(self._deadlines, command.deadline)
+        self.executor.submit(attrs.evolve(job, deadline_s=command.time_limit, copy=command.copy))
 
     def poll(self, timeout: float) -> list[RewardOutcome]:
         return list(self.executor.poll(timeout=timeout))
@@ -79,11 +72,21 @@ class RewardStaging:
             first.append(ScorerAnswered(outcome.request_id, outcome.reward, outcome.failed, outcome.latency_s))
         return first
 
-    def deadline_passed(self) -> float | None:
-        """None, or once the clock passed a scoring's deadline by the grace: the time the core expires
-        the deadlines up to (those passed are dropped)."""
-        due = self.clock.now() - self.grace_s
-        return due if _pop_due(self._deadlines, due) else None
+    def grace_news(self) -> list[StartGrace]:
+        """A StartGrace for the core when the executor's start grace is not the one last told: read at
+        each wait, since the pool's grows with the worker starts it measures.  An executor that
+        starts every job on submission tells none (the core's grace stays 0)."""
+        if not isinstance(self.executor, LateStartingRewardExecutor):
+            return []
+        grace = self.executor.start_grace_s
+        if grace == self._told_grace:
+            return []
+        self._told_grace = grace
+        return [StartGrace(grace)]
+
+    def expiry_passed(self, expiry: float | None) -> list[DeadlinePassed]:
+        """One DeadlinePassed once the clock reached `expiry`, the core's next reward expiry."""
+        return [DeadlinePassed()] if expiry is not None and expiry <= self.clock.now() else []
 
     def hedges_due(self) -> list[HedgeDue]:
         """One HedgeDue once the clock passed a scoring's `hedge_at` (the core hedges every due one)."""

@@ -280,15 +280,15 @@ class Simulation(NoticeObserver):
         self.scoring[notice.sample.request_id] = notice.sample.prompt.index
 
     def start_scoring(self, command: StartScoring) -> None:
-        """Run the scorer: it answers by the core's deadline, or the deadline passes first.  A hedge
-        (copy 1) runs the same answer again: a fresh execution time, the same correctness."""
+        """Run the scorer for its `time_limit`: it answers by the core's deadline, or the deadline
+        passes first.  A hedge (copy 1) runs the same answer again: a fresh time, the same correctness."""
         rid = command.request_id
         if command.copy:
             seconds, correct = self.reward_model.execution_s(), self.scoring[rid]
         else:
             seconds, correct = self.reward_model.draw(self.scoring[rid])
             self.scoring[rid] = correct
-        if seconds <= command.timeout:
+        if seconds <= command.time_limit:
             self._push(self.now + seconds, SCORED, (rid, float(correct), seconds))
         else:
             self._push(command.deadline, DEADLINE, None)
