@@ -3,7 +3,7 @@ batching, on the same model and the same mixed-length requests.
 
     .venv/bin/python benchmarks/engine_throughput.py            # full run (a few minutes on 2 cores)
     .venv/bin/python benchmarks/engine_throughput.py --quick    # 32 requests, cap 256, 16 rows: a mixed-length
-                                                                # tail long enough that decoding dominates
+                                                                # tail, decoding dominates (4.6 min on 2 cores)
     .venv/bin/python benchmarks/engine_throughput.py --write-results   # also update RESULTS.md
     .venv/bin/python benchmarks/engine_throughput.py --device cuda --batch 128 --cap 1024 --requests 256
 
@@ -207,7 +207,11 @@ def results_body(r: dict) -> str:
         "lengths only (EOS ignored, so every engine does the same useful work).  Static `generate` "
         f"computed {r['static_computed_tok_s']} row-tokens/s counting finished rows that keep running "
         "until their batch's longest request ends: that waste is most of the gap; the rest is "
-        "per-step cost (the embedded engine writes its KV cache in place; not analysed further)."
+        "per-step cost (the embedded engine writes its KV cache in place; not analysed further).  "
+        "transformers' manager can cancel a request too (`cancel_request`, transformers 5.24); what the embedded "
+        "engine adds for RL is the rollout Protocol the scheduler drives (an abort returns the tokens so far, "
+        "for partial rollout's carry-over), seeded sampling per request, drafts from a prompt's sibling replies "
+        "in the tail, the trainer's weights loaded in place between rounds, and CUDA graphs per row bucket."
     )
 
 
