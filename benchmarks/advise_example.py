@@ -1,4 +1,4 @@
-"""The README's `rollpacker advise` example: a veRL rollout dump written from a simulated sync run's
+"""The `rollpacker advise` example of docs/advise.md: a veRL rollout dump written from a simulated sync run's
 lengths (servegen-r1, P=128 R=8, 8k cap, 8 steps; benchmarks/advise_dumps.py), for advise to read back.
 
     .venv/bin/python benchmarks/advise_example.py /tmp/advise-example     # writes /tmp/advise-example/dump

@@ -3,7 +3,7 @@
     make train                                     # SmolLM2-135M-Instruct on CPU, ~14 minutes on 2 cores
     python reference/train.py --steps 20 --policy sorted --out runs/sorted
     python reference/train.py --compare sync,tail --out runs/compare
-    python reference/train.py --dataset data.parquet --reward math   # your data (veRL layout), see README
+    python reference/train.py --dataset data.parquet --reward math   # your data (veRL layout): docs/your-data.md
     python reference/train.py --resume runs/latest  # after a kill, at any point
     python reference/train.py --nproc 2             # trainer under torchrun (FSDP2), rank 0 drives
     python reference/train.py --help                # every flag, with its default
@@ -71,14 +71,14 @@ def main(argv: list[str]) -> int:
     config = parse(argv)
     rank, world = init_distributed_env()
     fresh = config.resume is None and "out" not in given_flags(argv)
-    if fresh:  # each run a directory of its own, runs/latest linked to the newest (README: make train)
+    if fresh:  # each run a directory of its own, runs/latest linked to the newest (docs/reference-trainer.md: make train)
         if world > 1:
             raise ConfigError("under torchrun every rank must write to the same run directory: name it with --out")
         config.out = new_run_path()
         argv = [*argv, "--out", str(config.out)]  # --nproc's ranks write there too
     if config.resume is None:
         absolute_paths(config)  # kept as the run's config: a resume from another directory finds them
-    if world > 1:  # under torchrun, on one node or several (README: Multi-node)
+    if world > 1:  # under torchrun, on one node or several (docs/multi-node.md)
         config.check_dist_timeout()  # the process group's timeout, before it is made
         start_ranks(config.resume or config.out, "--resume" if config.resume else "--out", config.dist_timeout_s)
     if config.resume is not None:  # one trainer per directory, and its state whole, before anything is read from it

@@ -1,7 +1,7 @@
 """The trainer's fault suite: what a user hits at the edges, each case ending in one clear line or a
 recovered run (no step logged twice, no prompt lost or trained twice).  Real processes throughout:
 the reference trainer on the tiny random Llama (`rollpacker serve`'s faults: test_serve_faults.py).
-The README's "Faults" table lists these cases and the existing tests that cover the others (kill
+docs/faults.md's table lists these cases and the existing tests that cover the others (kill
 mid-rollout, kill during the state save, hung / raising / NaN scorer, dead rollout server)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Two nodes on loopback: two `torchrun --nnodes 2` groups on 127.0.0.1 (node ranks 0 and 1, one
 trainer process each, gloo), the reference trainer on the tiny random Llama with the embedded engine
-on rank 0, exactly as the README's multi-node recipe runs it on real nodes.  A "node" dies as a real
+on rank 0, exactly as docs/multi-node.md's recipe runs it on real nodes.  A "node" dies as a real
 one does: kill -9 of its torchrun agent and of its workers (torchrun starts each worker in a session
 of its own, so killing the agent's process group alone would leave them running)."""
 

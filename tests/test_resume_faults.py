@@ -1,4 +1,4 @@
-"""Faults around a resume and the directories a run writes (the README's Faults table lists them):
+"""Faults around a resume and the directories a run writes (docs/faults.md's table lists them):
 a state file damaged in place at its size, TensorBoard events after a resume that plays a step
 again, and an unusable `--weight-sync disk:DIR`.  Real processes throughout, as in test_faults.py:
 the reference trainer on the tiny random Llama, `rollpacker serve` on 127.0.0.1."""

@@ -158,7 +158,7 @@ def returning(task, entry, response):
 @pytest.mark.parametrize("result", ["1.0", {"score": "0.5"}, True, {"score": False}, b"1"])
 def test_a_numeric_string_or_a_bool_is_a_bad_value_not_a_number(result):
     """Only an int or a float (or a dict with one as "score") is a reward: `float()` would take "1.0"
-    and True, so they were rewards 1.0 though the README says anything else is a failure."""
+    and True, so they were rewards 1.0 though docs/your-data.md says anything else is a failure."""
     status, kind, reward, metrics, error = score_job(returning, "t", result, "r")
     assert (status, kind, reward, metrics) == ("error", "bad_value", 0.0, {})
     assert error.startswith(f"the scorer returned {result!r}: ") and "not a number" in error

@@ -25,7 +25,7 @@ def session(tmp_path_factory):
 @pytest.mark.timeout(300)
 def test_the_trainer_runs_the_head_at_response_positions_only_by_default(session):
     assert session.config.trainer == "titan"
-    assert session.trainer.config.response_logits_only is True  # 1.26x (TorchTitan) on the CPU, README
+    assert session.trainer.config.response_logits_only is True  # 1.26x (TorchTitan) on the CPU, docs/reference-trainer.md
 
 
 @pytest.mark.timeout(300)

@@ -31,8 +31,7 @@ SIZES = {"7b": "qwen2.5-7b", "8b": "llama3.1-8b", "14b": "qwen2.5-14b", "32b": "
 def add_parser(sub, name: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help="predict what tail batching would save on your run, from its logs",
                        description="What tail batching (and the field's other policies) would save on your run: "
-                                   "the simulator on the run's own lengths, at its own scale (see the README, "
-                                   "\"What would it save on my run?\").")
+                                   "the simulator on the run's own lengths, at its own scale (see docs/advise.md).")
     p.add_argument("log", type=Path, help="a veRL rollout_data_dir or file-logger JSONL, a TRL output dir, completions "
                    "parquet or trainer_state.json, a W&B history export (CSV, parquet), or a rollpacker metrics.jsonl")
     p.add_argument("--format", default="auto", choices=FORMATS,

@@ -132,7 +132,7 @@ class StepTimes:
 
 
 def step_timings(times: StepTimes) -> dict[str, float]:
-    """The step's timing fields, one definition each (README, "A step's record"):
+    """The step's timing fields, one definition each (docs/reference-trainer.md, "A step's record"):
 
     rollout_s           the rollout: from its start (after a TP switch) to the round's end
     reward_s            the reward wait the step shows: from the round's end to its last reward (0 when

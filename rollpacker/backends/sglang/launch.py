@@ -39,7 +39,7 @@ CPU_SGLANG_ARGS = {"--device": ("cpu",), "--attention-backend": ("torch_native",
 float16, about 5x slower on a CPU without AMX); a KV cache of 32k tokens (the default takes 72% of free
 RAM); no CUDA graphs; an idle scheduler that waits on its sockets (by default it polls them in a busy
 loop: a whole core per server, taken from the trainer and the other servers on the same CPUs).  Needs `SGLANG_USE_CPU_ENGINE=1` in the server's environment (set by
-`launch_servers`) and an `sgl_kernel` module (see the README: SGLang on a CPU)."""
+`launch_servers`) and an `sgl_kernel` module (see docs/sglang.md: Real SGLang servers, GPU and CPU)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
