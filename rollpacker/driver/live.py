@@ -32,21 +32,7 @@ from typing import Protocol
 
 from attrs import frozen
 
-from rollpacker.core import (
-    CloseGroup,
-    EndRound,
-    EpochLedger,
-    LaunchRequest,
-    RequestAborted,
-    RequestFinished,
-    RewardScored,
-    Scheduler,
-    ScoreSample,
-    SetTensorParallel,
-    StartScoring,
-    StepOptimizer,
-    TrainMicroBatch,
-)
+from rollpacker.core import EpochLedger, Scheduler, commands, events
 from rollpacker.core.commands import sibling_group
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.protocols import (
@@ -190,33 +176,33 @@ class LiveBackend(NoticeObserver):
             self.on_progress("rollout" if log.round_end is None else "reward", self._progress(log))
         return inputs
 
-    def _engine_event(self, result: GenerationResult) -> RequestFinished | RequestAborted:
+    def _engine_event(self, result: GenerationResult) -> events.RequestFinished | events.RequestAborted:
         self.store.add(result)
         now = self.clock.now()
         self._log.answered(result, now - self._log.start)
         n = len(result.token_ids)
         if result.finish_reason == "abort":
-            return RequestAborted(result.request_id, n, now)
-        return RequestFinished(result.request_id, n, result.finish_reason, now)
+            return events.RequestAborted(result.request_id, n, now)
+        return events.RequestFinished(result.request_id, n, result.finish_reason, now)
 
     # -- commands --------------------------------------------------------------------------------
 
-    def set_tensor_parallel(self, command: SetTensorParallel) -> None:
+    def set_tensor_parallel(self, command: commands.SetTensorParallel) -> None:
         raise ConfigError(
             f"the scheduler asks for rollout TP {command.tp}, but a live engine runs at the TP it was started "
             "with: build the Scheduler without a TpRule (tp=None) for real runs")
 
-    def launch(self, commands: Sequence[LaunchRequest]) -> None:
-        requests = [self._generation_request(c) for c in commands]
+    def launch(self, launches: Sequence[commands.LaunchRequest]) -> None:
+        requests = [self._generation_request(c) for c in launches]
         self.engine.submit(requests)
         at = self.clock.now() - self._log.start
-        for c, request in zip(commands, requests):
+        for c, request in zip(launches, requests):
             self._log.launched(c.request_id, at, c.prompt.index, request, tuple(seg.request_id for seg in c.resume))
 
     def abort(self, request_ids: Sequence[str]) -> None:
         self.engine.abort(list(request_ids))
 
-    def keep(self, notice: ScoreSample) -> None:
+    def keep(self, notice: commands.ScoreSample) -> None:
         sample = notice.sample
         self._log.kept.add(sample.request_id)
         interval = self._log.intervals.get(sample.request_id)
@@ -226,13 +212,13 @@ class LiveBackend(NoticeObserver):
         job = self.prompts.reward_job(sample.request_id, sample.prompt.index, self.store.response_ids(sample.segments))
         self.rewards.stage(sample.request_id, job)
 
-    def start_scoring(self, command: StartScoring) -> None:
+    def start_scoring(self, command: commands.StartScoring) -> None:
         """Stage the scoring (`RewardStaging.start`: the command's time limit, as the simulator's)."""
         if not command.copy:
             self._log.reward_waits.append(command.queued_s)
         self.rewards.start(command)
 
-    def scored(self, notice: RewardScored) -> None:
+    def scored(self, notice: events.RewardScored) -> None:
         """Record the reward the core settled (0 for a failure or a scoring its deadline cut)."""
         log = self._log
         log.rewards[notice.request_id] = self.store.rewards[notice.request_id] = notice.reward
@@ -242,10 +228,10 @@ class LiveBackend(NoticeObserver):
         log.failed_rewards += notice.failed
         log.reward_answered(self.clock.now() - log.start)
 
-    def close_group(self, notice: CloseGroup) -> None:
+    def close_group(self, notice: commands.CloseGroup) -> None:
         self._log.groups.append(tuple(s.request_id for s in notice.samples))
 
-    def train(self, command: TrainMicroBatch) -> None:
+    def train(self, command: commands.TrainMicroBatch) -> None:
         """Hand the micro-batch to the train worker and return at once."""
         samples = [self._train_sample(ref) for ref in command.samples]
         self.on_progress("train", {"micro_batch": command.index, "samples": len(samples)})
@@ -266,7 +252,7 @@ class LiveBackend(NoticeObserver):
             old_logprobs=self.store.logprobs(s.segments) if self.config.use_engine_logprobs else None,
         )
 
-    def end_round(self, notice: EndRound) -> None:
+    def end_round(self, notice: commands.EndRound) -> None:
         log = self._log
         log.round_end = self.clock.now() - log.start
         log.report = notice.report
@@ -276,7 +262,7 @@ class LiveBackend(NoticeObserver):
             for index, batch in self.colocation.release():  # seconds are waited for after the round: exposed)
                 self.worker.forward_backward(index, batch)
 
-    def step_optimizer(self, command: StepOptimizer) -> None:
+    def step_optimizer(self, command: commands.StepOptimizer) -> None:
         """The one wait on training: the step's micro-batches, then the optimizer step, then the sync."""
         log = self._log
         step = (lambda t: t.optimizer_step(command.loss_normalizer)) if command.num_samples else (lambda t: None)
@@ -297,7 +283,7 @@ class LiveBackend(NoticeObserver):
 
     # -- token ids -------------------------------------------------------------------------------
 
-    def _generation_request(self, c: LaunchRequest) -> GenerationRequest:
+    def _generation_request(self, c: commands.LaunchRequest) -> GenerationRequest:
         return GenerationRequest(
             request_id=c.request_id,
             prompt_ids=self.prompts.prompt_ids(c.prompt.index),

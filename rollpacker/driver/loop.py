@@ -40,22 +40,7 @@ from typing import Protocol
 
 from attrs import frozen
 
-from rollpacker.core import (
-    AbortRequest,
-    CloseGroup,
-    EndRound,
-    EpochLedger,
-    LaunchRequest,
-    RequestAborted,
-    RequestFinished,
-    RewardScored,
-    Scheduler,
-    ScoreSample,
-    SetTensorParallel,
-    StartScoring,
-    StepOptimizer,
-    TrainMicroBatch,
-)
+from rollpacker.core import EpochLedger, Scheduler, commands, events
 from rollpacker.core.records import PromptKey
 
 from .clock import Clock, WallClock
@@ -94,28 +79,28 @@ class HedgeDue:
     """The clock reached a StartScoring's `hedge_at`: a slow execution may get a second copy."""
 
 
-Input = RequestFinished | RequestAborted | ScorerAnswered | DeadlinePassed | HedgeDue | StartGrace
+Input = events.RequestFinished | events.RequestAborted | ScorerAnswered | DeadlinePassed | HedgeDue | StartGrace
 
 
 class Backend(Protocol):
     """What the driver executes the core's commands against: only real work."""
 
-    def set_tensor_parallel(self, command: SetTensorParallel) -> None:
+    def set_tensor_parallel(self, command: commands.SetTensorParallel) -> None:
         """Run the rollout at another TP from this round on (only a Scheduler given a TpRule asks)."""
 
-    def launch(self, commands: Sequence[LaunchRequest]) -> None: ...
+    def launch(self, launches: Sequence[commands.LaunchRequest]) -> None: ...
 
     def abort(self, request_ids: Sequence[str]) -> None: ...
 
-    def start_scoring(self, command: StartScoring) -> None:
+    def start_scoring(self, command: commands.StartScoring) -> None:
         """Run the kept sample's scorer for `command.time_limit`; the core gives up on it at
         `command.deadline`."""
 
-    def train(self, command: TrainMicroBatch) -> None:
+    def train(self, command: commands.TrainMicroBatch) -> None:
         """Start training the micro-batch and return without waiting for it: the loop must go on
         feeding the core (a round ends, and its tail is aborted, while training runs)."""
 
-    def step_optimizer(self, command: StepOptimizer) -> None:
+    def step_optimizer(self, command: commands.StepOptimizer) -> None:
         """Wait for every micro-batch of the step, step the optimizer, sync the weights."""
 
     def wait(self) -> Sequence[Input]:
@@ -125,10 +110,10 @@ class Backend(Protocol):
 
 
 _BACKEND_METHOD = {
-    SetTensorParallel: "set_tensor_parallel",
-    StartScoring: "start_scoring",
-    TrainMicroBatch: "train",
-    StepOptimizer: "step_optimizer",
+    commands.SetTensorParallel: "set_tensor_parallel",
+    commands.StartScoring: "start_scoring",
+    commands.TrainMicroBatch: "train",
+    commands.StepOptimizer: "step_optimizer",
 }
 """Commands that one backend call executes (launches and aborts go in runs: `Driver.execute`)."""
 
@@ -150,10 +135,10 @@ class Driver:
 
     def run_step(self) -> dict:
         """Play one round, train it with one optimizer step; return the step's metrics."""
-        commands = self.sched.begin_round()
+        opening = self.sched.begin_round()
         self.watch.begin()
-        self.observer.observe(StepBegun(tuple(commands)))
-        self.execute(commands)
+        self.observer.observe(StepBegun(tuple(opening)))
+        self.execute(opening)
         while not self.sched.step_done:
             for item in self.wait():
                 self.execute(self.feed(item))
@@ -195,12 +180,12 @@ class Driver:
             return self.sched.hedge_rewards(now)
         return self.sched.handle(item)
 
-    def execute(self, commands: Sequence) -> None:
+    def execute(self, issued: Sequence) -> None:
         """Run the commands in order; consecutive launches (and aborts) go to the backend as one call."""
-        for kind, run in itertools.groupby(commands, key=type):
-            if kind is LaunchRequest:
+        for kind, run in itertools.groupby(issued, key=type):
+            if kind is commands.LaunchRequest:
                 self.backend.launch(list(run))
-            elif kind is AbortRequest:
+            elif kind is commands.AbortRequest:
                 self.backend.abort([c.request_id for c in run])
             else:
                 for command in run:
@@ -211,12 +196,12 @@ class Driver:
         method = _BACKEND_METHOD.get(kind)
         if method is not None:
             getattr(self.backend, method)(command)  # (looked up per call: a test may wrap a backend's method)
-        elif kind is ScoreSample:
+        elif kind is commands.ScoreSample:
             self.observer.observe(command)
             self.execute(self.sched.start_scoring(command.sample.request_id, self.clock.now()))
-        elif kind is RewardScored or kind is CloseGroup:
+        elif kind is events.RewardScored or kind is commands.CloseGroup:
             self.observer.observe(command)
-        elif kind is EndRound:
+        elif kind is commands.EndRound:
             self.ledger = self.ledger.record(command.trained)
             self.observer.observe(command)
         else:

@@ -17,22 +17,7 @@ import heapq
 from collections import deque
 from collections.abc import Sequence
 
-from rollpacker.core import (
-    BatcherConfig,
-    EndRound,
-    EpochLedger,
-    LaunchRequest,
-    RequestAborted,
-    RequestFinished,
-    RewardScored,
-    Scheduler,
-    ScoreSample,
-    SetTensorParallel,
-    StartScoring,
-    StepOptimizer,
-    TpRule,
-    TrainMicroBatch,
-)
+from rollpacker.core import BatcherConfig, EpochLedger, Scheduler, TpRule, commands, events
 from rollpacker.core.cost_model import CostModel
 from rollpacker.core.errors import ConfigError
 from rollpacker.core.records import PromptKey
@@ -98,7 +83,7 @@ class Simulation(NoticeObserver):
         self.root: dict[str, str] = {}
         self.launched_keys: set = set()
         self.trainer_free = 0.0
-        self.held_batches: list[TrainMicroBatch] = []
+        self.held_batches: list[commands.TrainMicroBatch] = []
         self.scoring: dict[str, int | bool] = {}
         """A kept sample's prompt index, then (once its scorer ran) whether its answer is correct."""
         self.timelines: dict[int, dict] = {}
@@ -148,7 +133,7 @@ class Simulation(NoticeObserver):
         self.step_start = self.now
         self._start_meter(switch=0.0)
 
-    def set_tensor_parallel(self, command: SetTensorParallel) -> None:
+    def set_tensor_parallel(self, command: commands.SetTensorParallel) -> None:
         """Rebuild the instances at the new TP before the round's launches; the switch costs `tp_switch_s`,
         except before the run's first launch: the engines start at the first round's TP (starting an
         engine costs the same at any TP, so that is no switch)."""
@@ -204,7 +189,7 @@ class Simulation(NoticeObserver):
             for req in inst.wake(self.now):
                 self._ended(req.rid, finished=True)
                 self.meter.finished(self.now)
-                self.inbox.append(RequestFinished(req.rid, req.target, req.reason, self.now))
+                self.inbox.append(events.RequestFinished(req.rid, req.target, req.reason, self.now))
             self.dirty.add(inst.index)
         return []  # the finished requests are answered from the inbox, one per wait
 
@@ -243,10 +228,10 @@ class Simulation(NoticeObserver):
 
     # -- commands ---------------------------------------------------------------------------------
 
-    def launch(self, commands: Sequence[LaunchRequest]) -> None:
-        for cmd in commands:
+    def launch(self, launches: Sequence[commands.LaunchRequest]) -> None:
+        for cmd in launches:
             self._launch(cmd)
-        self._isolate_longest([cmd.request_id for cmd in commands])
+        self._isolate_longest([cmd.request_id for cmd in launches])
 
     def _isolate_longest(self, rids: list[str]) -> None:
         """`engine.oracle_isolate` = M (measurement only): the batch's M longest requests by true length
@@ -276,10 +261,10 @@ class Simulation(NoticeObserver):
         for rid in request_ids:
             self._abort(rid)
 
-    def keep(self, notice: ScoreSample) -> None:
+    def keep(self, notice: commands.ScoreSample) -> None:
         self.scoring[notice.sample.request_id] = notice.sample.prompt.index
 
-    def start_scoring(self, command: StartScoring) -> None:
+    def start_scoring(self, command: commands.StartScoring) -> None:
         """Run the scorer for its `time_limit`: it answers by the core's deadline, or the deadline
         passes first.  A hedge (copy 1) runs the same answer again: a fresh time, the same correctness."""
         rid = command.request_id
@@ -295,11 +280,11 @@ class Simulation(NoticeObserver):
         if command.hedge_at is not None and command.hedge_at < self.now + seconds:
             self._push(command.hedge_at, HEDGE, None)
 
-    def scored(self, notice: RewardScored) -> None:
+    def scored(self, notice: events.RewardScored) -> None:
         self.scoring.pop(notice.request_id, None)
         self.meter.reward(notice)
 
-    def train(self, cmd: TrainMicroBatch) -> None:
+    def train(self, cmd: commands.TrainMicroBatch) -> None:
         self.meter.kept_lengths.extend(ref.sample.num_tokens for ref in cmd.samples)
         self.meter.kept_segments.extend(ref.sample.segments for ref in cmd.samples)
         if self.constants.train.stream or self.meter.rollout_end is not None:
@@ -307,10 +292,10 @@ class Simulation(NoticeObserver):
         else:
             self.held_batches.append(cmd)
 
-    def step_optimizer(self, command: StepOptimizer) -> None:
+    def step_optimizer(self, command: commands.StepOptimizer) -> None:
         self.meter.optimizer(command, self.now)
 
-    def _launch(self, cmd: LaunchRequest) -> None:
+    def _launch(self, cmd: commands.LaunchRequest) -> None:
         prefix = sum(s.num_tokens for s in cmd.resume)
         if cmd.resume:
             root = self.root[cmd.resume[0].request_id]
@@ -346,19 +331,19 @@ class Simulation(NoticeObserver):
         self._ended(rid, finished=req.generated >= req.target)
         self.dirty.add(inst.index)
         if req.generated >= req.target:
-            self.inbox.append(RequestFinished(rid, req.target, req.reason, self.now))
+            self.inbox.append(events.RequestFinished(rid, req.target, req.reason, self.now))
         else:
             self.meter.aborted(inst.index, self.now, req.generated)
-            self.inbox.append(RequestAborted(rid, req.generated, self.now))
+            self.inbox.append(events.RequestAborted(rid, req.generated, self.now))
 
-    def _train(self, cmd: TrainMicroBatch) -> None:
+    def _train(self, cmd: commands.TrainMicroBatch) -> None:
         width = max(self.workload.prompt_tokens(ref.sample.prompt.index) + ref.sample.num_tokens for ref in cmd.samples)
         seconds = self.train_model.micro_batch_s(cmd.num_tokens, padded=len(cmd.samples) * width)
         start = max(self.trainer_free, self.now)
         self.trainer_free = start + seconds
         self.meter.trained(start, seconds)
 
-    def end_round(self, cmd: EndRound) -> None:
+    def end_round(self, cmd: commands.EndRound) -> None:
         # A prefill an instance started just before the round closed still runs to its end: the
         # rollout is over when every instance is idle, not at the abort.
         self.meter.round_ended(cmd, max([self.now] + [inst.time for inst in self.instances]))
