@@ -29,7 +29,7 @@ def _slot_attention(module, query, key, value, attention_mask, scaling=None, dro
     if scores.dtype in (torch.float16, torch.bfloat16):
         scores = scores.float()
     scores = scores.view(b, kvh, g, t, length) * scale
-    scores = scores.masked_fill(~attention_mask[:, :, None], float("-inf"))
+    scores = torch.where(attention_mask[:, :, None], scores, float("-inf"))  # one op: no inverted mask
     probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kvh, g * t, length)
     out = torch.matmul(probs, value).view(b, h, t, d)
     return out.transpose(1, 2), None

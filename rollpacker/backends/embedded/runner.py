@@ -79,11 +79,16 @@ class SlotCache:
         self.rows = torch.arange(hi - lo, device=cols.device).view(-1, 1).expand_as(cols)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        k = self.keys[layer_idx][self.lo : self.hi]
-        v = self.values[layer_idx][self.lo : self.hi]
+        k, v = self._rows(self.keys[layer_idx]), self._rows(self.values[layer_idx])
         k[self.rows, :, self.cols] = key_states.transpose(1, 2)
         v[self.rows, :, self.cols] = value_states.transpose(1, 2)
+        if self.read_len == self.length:
+            return k, v
         return k[:, :, : self.read_len], v[:, :, : self.read_len]
+
+    def _rows(self, buf: torch.Tensor) -> torch.Tensor:
+        """Slots lo..hi of `buf`: the buffer itself when that is every slot (no slice op per layer)."""
+        return buf if self.lo == 0 and self.hi == buf.shape[0] else buf[self.lo : self.hi]
 
     def grown(self, length: int) -> "SlotCache":
         """A copy with `length` columns per slot (the old columns kept)."""
