@@ -1,7 +1,8 @@
 """Counts the aten ops one decode step of the embedded engine's runner launches (on CPU, float32), in
 total, inside one decoder layer, and outside the layers, with the op histogram of each; with
 `--hf`, the same step through HF's plain forward over a DynamicCache as a yardstick.  On CUDA the
-step replays a graph of the same ops, so each op counted here is a kernel launch there.
+step replays a graph of the same ops: each op that computes is a kernel launch there (views, slices,
+transposes and reshapes launch none; `views` below counts them).
 
 An op is counted when the profiler records an `aten::` event whose parent is not itself an
 `aten::` event (nested calls, e.g. aten::empty inside aten::matmul, are part of their parent).
@@ -140,16 +141,27 @@ def main() -> None:
         write_section("Decode step ops (embedded runner, CPU profile)", _markdown(result))
 
 
+VIEW_OPS = ("aten::view", "aten::slice", "aten::transpose", "aten::unsqueeze", "aten::reshape", "aten::expand_as",
+            "aten::select", "aten::detach_", "aten::lift_fresh")
+"""Ops that make a view (or a no-op on an inference tensor): no kernel (a reshape of a contiguous tensor is a view)."""
+
+
+def views(histogram: dict) -> int:
+    return sum(n for op, n in histogram.items() if op in VIEW_OPS)
+
+
 def _markdown(result: dict) -> str:
     r = result["runner"]
     lines = [f"One decode step at {result['rows']} rows x {result['context']} context, attention "
              f"{result['attention']}, float32 on CPU (`benchmarks/decode_ops.py`): top-level aten ops.", "",
              f"- runner: {r['ops_per_step']} ops per step, {r['ops_per_layer']} per layer x {r['num_layers']} "
-             f"layers, {r['ops_outside_layers']} outside the layers"]
+             f"layers, {r['ops_outside_layers']} outside the layers; of a layer's ops {views(r['layer_histogram'])} "
+             f"are views (no kernel)"]
     if "hf" in result:
         h = result["hf"]
-        lines.append(f"- HF forward over a DynamicCache: {h['ops_per_step']} ops per step, "
-                     f"{h['ops_per_layer']} per layer")
+        lines.append(f"- HF forward over a DynamicCache (its default attention, SDPA: fused, not the runner's "
+                     f"matmul): {h['ops_per_step']} ops per step, {h['ops_per_layer']} per layer, "
+                     f"{views(h['layer_histogram'])} of them views")
     lines += ["", "Per layer: " + ", ".join(f"{k} {v}" for k, v in r["layer_histogram"].items()),
               "", "Outside the layers: " + ", ".join(f"{k} {v}" for k, v in r["outside_histogram"].items())]
     return "\n".join(lines)
