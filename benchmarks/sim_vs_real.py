@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from results_md import write_section  # noqa: E402
-from sim_vs_real_calibrate import GRIDS, calibrate, calibrate_trainer, machine, model_dir  # noqa: E402
+from sim_vs_real_calibrate import GRIDS, calibrate, calibrate_trainer, machine, model_dir, shared_prefill  # noqa: E402
 from sim_vs_real_report import headline, profile_line, report, round_rows  # noqa: E402
 
 from rollpacker.core import BatcherConfig  # noqa: E402
@@ -165,7 +165,7 @@ def refit(result: dict, out: Path) -> dict:
     runs = [Run(*r) for r in old.fit["runs"]]
     profile = fit_profile(runs, engine=old.engine, model=old.model, machine=old.machine, date=old.date,
                           max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
-                          admit_fraction=old.admit_fraction)
+                          admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args))
     records = [json.loads(line) for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
     profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,
                            result["stages"], result["micro_batch_tokens"])

@@ -52,7 +52,7 @@ def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
         engine.close()
     profile = fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
                           date=time.strftime("%Y-%m-%d"), max_running=capacity, kv_capacity=capacity * 8192,
-                          abort_s=abort_s, admit_fraction=admit_fraction(args))
+                          abort_s=abort_s, admit_fraction=admit_fraction(args), shared_prefill=shared_prefill(args))
     profile.save(out / "profile.json")
     print(f"profile: {profile_line(profile)}", flush=True)
     return profile
@@ -78,6 +78,13 @@ def admit_fraction(args) -> float:
     from rollpacker.backends.embedded.engine import EmbeddedEngine
 
     return 0.0 if args.engine == "sglang" else inspect.signature(EmbeddedEngine).parameters["admit_fraction"].default
+
+
+def shared_prefill(args) -> bool:
+    """Whether the engine prefills a prompt once for the requests of one admission
+    (`EngineProfile.shared_prefill`): the embedded engine does (`Runner.prefill`); SGLang's default
+    first-come schedule does not."""
+    return args.engine != "sglang"
 
 
 def engine_name(args) -> str:

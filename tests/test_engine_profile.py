@@ -10,6 +10,7 @@ import pytest
 
 from rollpacker.sim.cli import main as simulate
 from rollpacker.sim.config import SimConfig
+from rollpacker.sim.engine import Instance, SimRequest
 from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_profile, fit_step_s, load_profile
 from rollpacker.sim.simulation import Simulation
 
@@ -34,6 +35,8 @@ def test_a_fit_recovers_the_constants_and_round_trips_through_its_file(tmp_path)
     assert fitted.fit["max_abs_error"] < 1e-9 and len(fitted.fit["runs"]) == len(GRID)
     fitted.save(tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == fitted
+    attrs.evolve(fitted, shared_prefill=True).save(tmp_path / "shared.json")
+    assert load_profile(tmp_path / "shared.json").shared_prefill is True
 
 
 def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
@@ -48,6 +51,7 @@ def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
     (lambda d: d.update(t0=-1.0), "t0 must be a finite number >= 0"),
     (lambda d: d.update(max_running="64"), "max_running must be a finite number"),
     (lambda d: d.update(max_running=0), "max_running"),
+    (lambda d: d.update(shared_prefill="yes"), "shared_prefill must be true or false"),
 ])
 def test_a_bad_profile_is_one_error_naming_the_file_and_the_field(tmp_path, change, message):
     data = profile().to_dict()
@@ -132,3 +136,31 @@ def test_waiting_requests_start_in_batches_under_admit_fraction(tmp_path):
     _, batched = run_sync(tmp_path, attrs.evolve(at_once, admit_fraction=1.0), lengths, 8)
     prefills = lambda intervals: sum(kind == "prefill" for *_, kind in intervals)  # noqa: E731
     assert prefills(eager) == 5 and prefills(batched) < prefills(eager)
+
+
+def test_an_engine_that_shares_a_prompts_prefill_computes_it_once_an_admission(tmp_path):
+    """shared_prefill (the embedded engine's Runner.prefill): three samples of one prompt admitted together
+    prefill its 256 tokens once; with four slots and eight samples, each later admission computes the prompt
+    again (nothing is cached across prefills): five prefills of one prompt each."""
+    p, t0, per_token = 256, profile().t0, profile().prefill_t1
+    plain, _ = run_sync(tmp_path, profile(), [40, 80, 120], 3)
+    shared, intervals = run_sync(tmp_path, attrs.evolve(profile(), shared_prefill=True), [40, 80, 120], 3)
+    [prefill] = [b - a for a, b, _, kind in intervals if kind == "prefill"]
+    assert prefill == pytest.approx(t0 + per_token * p, rel=1e-9)
+    assert shared["rollout_s"] == pytest.approx(plain["rollout_s"] - 2 * per_token * p, rel=1e-9)
+    _, eager = run_sync(tmp_path, attrs.evolve(profile(), shared_prefill=True, max_running=4),
+                        [10, 30, 50, 70, 90, 110, 130, 150], 8)
+    prefills = [b - a for a, b, _, kind in eager if kind == "prefill"]
+    assert prefills == pytest.approx([t0 + per_token * p] * 5, rel=1e-9)
+
+
+def test_a_shared_prefill_still_charges_a_preempted_request_and_one_without_a_group():
+    """A request coming back with generated tokens (a preemption's recompute), or with no group (a resumed
+    prefix), prefills its own context even beside a sibling."""
+    cost = attrs.evolve(profile(), shared_prefill=True).cost()
+    inst = Instance(index=0, cost=cost, max_running=8, watermark=0.0)
+    for req in (SimRequest("a", 100, 10, "stop", group="g"), SimRequest("b", 100, 10, "stop", group="g"),
+                SimRequest("c", 100, 10, "stop", generated=20, group="g"), SimRequest("d", 100, 10, "stop")):
+        inst.submit(req, 0.0)
+    inst.admit()
+    assert inst.time == pytest.approx(cost.prefill_batch_s + cost.prefill_t1 * (100 + 120 + 100), rel=1e-9)

@@ -23,16 +23,28 @@ from sim_vs_real_report import error, summarize  # noqa: E402
 MEASURED = ROOT / "benchmarks" / "sim_vs_real" / "embedded-tiny.json"
 ROUND_BOUND = {"sync": 0.10, "tail": 0.15, "sorted": 0.20}
 """Median over a run's rounds of |predicted / measured - 1| of the rollout, for every seed: what the committed
-measurement met (sync 5.8-8.0%, tail 2.4-12.0%, SortedRL 4.2-17.3%), with a little room.  Without the live
+measurement met (sync 6.0-8.9%, tail 2.5-12.5%, SortedRL 4.3-16.8%), with a little room.  Without the live
 path's cost per decode step (`EngineProfile.step_s`), or with it charged per finished request instead, tail and
 SortedRL's rounds miss it (their many finished and admitted requests over few decode steps)."""
 RATIO_BOUND = {"tail": 0.05, "sorted": 0.06}
 """|predicted / measured - 1| of the median over seeds of the sync/policy step-time ratio."""
+DEFAULT_MEASURED = ROOT / "benchmarks" / "sim_vs_real" / "embedded-default.json"
+DEFAULT_ROUND_BOUND = dict.fromkeys(("sync", "tail", "sorted"), 0.15)
+"""The default model (SmolLM2-135M, 64 tokens): rounds of 6-30 tokens a response, whose prefill is a large
+share; the committed measurement met sync 4.6-11.9%, tail 6.9-12.5%, SortedRL 3.9-12.4%.  With each sample
+prefilling its own prompt (the engine shares a group's: `EngineProfile.shared_prefill`), tail's short rounds
+miss it (20-31%)."""
+DEFAULT_RATIO_BOUND = {"tail": 0.05, "sorted": 0.08}
 
 
 @pytest.fixture(scope="module")
 def repredicted(tmp_path_factory):
     return sim_vs_real.repredict(json.loads(MEASURED.read_text()), tmp_path_factory.mktemp("repredict"))
+
+
+@pytest.fixture(scope="module")
+def default_repredicted(tmp_path_factory):
+    return sim_vs_real.repredict(json.loads(DEFAULT_MEASURED.read_text()), tmp_path_factory.mktemp("default"))
 
 
 def test_the_replay_is_the_same_workload_on_both_sides(repredicted):
@@ -47,15 +59,26 @@ def test_the_replay_is_the_same_workload_on_both_sides(repredicted):
             assert abs(measured - predicted) <= max(2, 0.1 * measured), (policy, row)
 
 
-def test_each_round_and_the_sync_ratio_are_predicted_within_their_bounds(repredicted):
-    runs = {(policy, int(seed)): rows for policy, seed, rows in repredicted["runs"]}
+def assert_within(result: dict, round_bound: dict, ratio_bound: dict) -> None:
+    runs = {(policy, int(seed)): rows for policy, seed, rows in result["runs"]}
     summary = summarize(runs)
     for key, s in summary.items():
-        assert s["round_error"] <= ROUND_BOUND[key[0]], (key, s["round_error"])
+        assert s["round_error"] <= round_bound[key[0]], (key, s["round_error"])
     for policy in {p for p, _ in summary if p != "sync"}:
         ratios = [s["ratio"] for (p, _), s in summary.items() if p == policy]
         measured, predicted = (statistics.median(r[i] for r in ratios) for i in (0, 1))
-        assert abs(error(measured, predicted)) <= RATIO_BOUND[policy], (policy, measured, predicted)
+        assert abs(error(measured, predicted)) <= ratio_bound[policy], (policy, measured, predicted)
+
+
+def test_each_round_and_the_sync_ratio_are_predicted_within_their_bounds(repredicted):
+    assert_within(repredicted, ROUND_BOUND, RATIO_BOUND)
+
+
+def test_the_default_models_rounds_and_ratios_are_predicted_within_their_bounds(default_repredicted):
+    """The same on the default model, where a round's prefill counts: the profile says the engine prefills a
+    group's prompt once an admission, and the simulator charges it so."""
+    assert default_repredicted["profile"]["shared_prefill"] is True
+    assert_within(default_repredicted, DEFAULT_ROUND_BOUND, DEFAULT_RATIO_BOUND)
 
 
 def test_the_measurement_says_what_it_ran():

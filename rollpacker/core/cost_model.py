@@ -170,6 +170,13 @@ class CostModel:
         return 0.0
 
     @property
+    def shared_prefill(self) -> bool:
+        """Each request prefills its own prompt, its siblings' too (an assumption: an engine whose prefix
+        cache or batched prefill shares a group's prompt prefills less; at 16k-32k responses a small share
+        of a round); an engine profile states what its engine does."""
+        return False
+
+    @property
     def event_s(self) -> float:
         """Engine seconds lost to each request that ends: none here (the driver runs on other cores than
         the GPU's engine); an engine profile fitted to a real engine states its own."""

@@ -52,6 +52,9 @@ class SimRequest:
     """Admission order, to preempt the newest first."""
     base_term: float = 0.0
     """Its share of the instance's A while running."""
+    group: object = None
+    """Its prompt, for an engine that prefills a prompt once for the requests of one admission
+    (`cost.shared_prefill`); None: a prefill of its own (a resumed prefix, a preempted request)."""
 
     def context(self, step: float) -> float:
         return self.prompt_tokens + self.generated + (step - self.start if self.running else 0.0)
@@ -197,6 +200,7 @@ class Instance:
             return
         limit = self.capacity * (1.0 - self.watermark)
         prefill = 0.0
+        prefilled: set = set()
         kv = self.kv_at(self.step) if self.running else 0.0
         while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
@@ -204,7 +208,7 @@ class Instance:
             if self.running and kv + need > limit:
                 break
             self.waiting.pop(0)
-            prefill += self.cost.prefill_time(need)
+            prefill += self._prefill_time(req, prefilled)
             self._start(req)
             kv += need
         self.peak_running = max(self.peak_running, len(self.running))
@@ -214,6 +218,16 @@ class Instance:
             self.busy_s += prefill
             self.time += prefill
         self.peak_kv = max(self.peak_kv, self.kv_at(self.step) if self.running else 0.0)
+
+    def _prefill_time(self, req: SimRequest, prefilled: set) -> float:
+        """What `req` adds to an admission's prefill: its prompt (and generated tokens), or nothing when
+        the engine shares a prompt's prefill and a sibling of this admission already computed it (its KV
+        cache copied: the embedded engine's `Runner.prefill`)."""
+        if self.cost.shared_prefill and req.group is not None and req.generated == 0:
+            if req.group in prefilled:
+                return 0.0
+            prefilled.add(req.group)
+        return self.cost.prefill_time(req.prompt_tokens + req.generated)
 
     def stall(self, count: int, kind: str = "event") -> None:
         """`count` requests finished: the engine loses `cost.event_s` each (the driver's handling of a

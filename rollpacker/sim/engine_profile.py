@@ -19,10 +19,12 @@ tokens each generating n tokens, submitted together, `seconds` from submission t
 answer's way back, is measured and left out of the simulation, as a live round pays it once, not per
 admission).  On the live rollout path a decode step costs more than on the grid (the driver shares the
 engine's interpreter and cores): `step_s`, fitted on a live run's rounds (`fit_step_s`), is added to
-each decode step's fixed cost.
+each decode step's fixed cost.  An engine that prefills a prompt once for its samples admitted together
+(`shared_prefill`, the embedded engine) is charged so; the grid's prompts are all distinct, so the fit's
+`prefill_t1` is a prompt token's cost either way.
 
-linear in the five constants, so a least-squares fit (constants held >= 0) over a grid of (b, p, n);
-`rollpacker.backends.calibration` times such runs on any rollout engine.
+A run's seconds are linear in the five constants, so a least-squares fit (constants held >= 0) over a
+grid of (b, p, n) finds them; `rollpacker.backends.calibration` times such runs on any rollout engine.
 """
 
 from __future__ import annotations
@@ -98,13 +100,18 @@ class EngineProfile:
     not a measurement); 0: each as soon as a slot frees."""
     kv_capacity: int = field(validator=positive)
     """Tokens of KV cache (beyond it the simulator preempts)."""
+    shared_prefill: bool = field(default=False, validator=attrs.validators.instance_of(bool))
+    """The requests of one admission that share a prompt (a group's samples) prefill it once, its KV cache
+    copied to the siblings (the embedded engine); False: each request its own (SGLang here: its default
+    first-come schedule computes a batch's equal prompts each, its radix cache filled after the prefill).
+    A property of the engine, not a measurement: the calibration grid's prompts are all distinct."""
     fit: dict = field(factory=dict)
     """How the constants were found: runs, residuals."""
 
     def cost(self) -> ProfileCost:
         return ProfileCost(t0=self.t0 + self.step_s, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
-                           admit_fraction=self.admit_fraction)
+                           admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -129,6 +136,7 @@ class ProfileCost:
     kv_capacity: int
     event_s: float = 0.0
     admit_fraction: float = 0.0
+    shared_prefill: bool = False
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:
@@ -162,6 +170,8 @@ def load_profile(path: str | Path) -> EngineProfile:
         value = data.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
+    if not isinstance(data.get("shared_prefill", False), bool):
+        raise ProfileError(f"--engine-profile {path}: shared_prefill must be true or false, got {data['shared_prefill']!r}")
     try:
         return EngineProfile(**data)
     except (TypeError, ValueError) as exc:
@@ -188,11 +198,13 @@ def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[s
 
 
 def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date: str, max_running: int,
-                kv_capacity: int, abort_s: float = 0.0, admit_fraction: float = 0.0) -> EngineProfile:
+                kv_capacity: int, abort_s: float = 0.0, admit_fraction: float = 0.0,
+                shared_prefill: bool = False) -> EngineProfile:
     """The profile whose constants fit `runs`; `fit` records each run and the median relative error."""
     values = fit_linear([r.features() for r in runs], [r.seconds for r in runs], TERMS)
     profile = EngineProfile(engine=engine, model=model, machine=machine, date=date, abort_s=abort_s,
-                            max_running=max_running, kv_capacity=kv_capacity, admit_fraction=admit_fraction, **values)
+                            max_running=max_running, kv_capacity=kv_capacity, admit_fraction=admit_fraction,
+                            shared_prefill=shared_prefill, **values)
     errors = [profile.predict(r) / r.seconds - 1 for r in runs]
     fit = {"runs": [[r.rows, r.prompt, r.new, round(r.seconds, 4)] for r in runs],
            "median_abs_error": float(np.median(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}

@@ -308,7 +308,7 @@ class Simulation(NoticeObserver):
         new = max(1, min(cmd.max_new_tokens, total - prefix))
         reason = "length" if prefix + new >= self.config.max_tokens else "stop"
         prompt = self.workload.prompt_tokens(cmd.prompt.index) + prefix
-        req = SimRequest(cmd.request_id, prompt, new, reason)
+        req = SimRequest(cmd.request_id, prompt, new, reason, group=None if cmd.resume else cmd.prompt)
         inst = min(self.instances, key=self._placement_key)
         inst.submit(req, self.now)
         self.where[cmd.request_id] = inst
