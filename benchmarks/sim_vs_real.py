@@ -22,8 +22,10 @@ Four parts, all on this machine, one after another (nothing else should run besi
 3. **Measure**: for each policy and seed, the reference trainer's real path (`Session`: the core, the
    live driver, the real engine decoding real tokens, real reward workers, the real trainer, weights
    synced each step) with `--replay-lengths` on the check workload (`--workload`, default servegen-r1):
-   each response stops at the length the trace gives its (prompt, sample).  Training is colocated
-   (`--colocate`: it runs after the round, so it does not take the engine's cores mid-round).
+   each response stops at the length the trace gives its (prompt, sample).  Training runs after the round
+   (`--colocate` on the embedded engine, `--train-after-round` on SGLang, whose memory release needs a GPU
+   package), so it does not take the engine's cores mid-round, as on a GPU node whose trainer has devices
+   of its own (`--train-beside`: beside the rollout instead).
 4. **Predict**: `rollpacker simulate`'s Simulation of the same workload (the same lengths per (prompt,
    sample), the dataset's own prompt lengths), seed, policy, sizes and micro-batches, on instances of
    the fitted profile, the stages from part 2.
@@ -53,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from results_md import write_section  # noqa: E402
 from sim_vs_real_calibrate import GRIDS, calibrate, calibrate_trainer, machine, model_dir, shared_prefill  # noqa: E402
-from sim_vs_real_report import headline, profile_line, report, round_rows  # noqa: E402
+from sim_vs_real_report import headline, profile_line, report, round_rows, streams_training  # noqa: E402
 
 from rollpacker.core import BatcherConfig  # noqa: E402
 from rollpacker.sim.config import SimConfig  # noqa: E402
@@ -73,10 +75,10 @@ def run_flags(args, policy: str, seed: int, workload: Workload, steps: int, out:
              "--engine-capacity", str(args.capacity), "--reward-workers", "1",
              "--device", args.device, "--dtype", args.dtype,
              "--replay-lengths", workload.name, "--replay-scale-from", str(workload.scale_from), "--out", str(out)]
-    if urls:  # (no --colocate: SGLang's memory release needs a GPU package; on a CPU it stopped the server)
+    if urls:
         flags += ["--rollout", "sglang", "--sglang-urls", *urls]
-    else:
-        flags += ["--colocate"]
+    if not streams_training(args):  # (SGLang's memory release needs a GPU package: on a CPU it stopped the
+        flags += ["--train-after-round" if urls else "--colocate"]  # server, so its engine keeps its memory)
     return flags
 
 
@@ -145,11 +147,6 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
         profile = attrs.evolve(profile, event_s=0.0, step_s=fit_step_s(measured, guesses[0], steps))
     profile.save(profile_path)
     return profile
-
-
-def streams_training(args) -> bool:
-    """Whether the measured run trains beside the rollout (not --colocate: `run_flags`)."""
-    return args.engine == "sglang"
 
 
 def finished(record: dict) -> int:
@@ -305,6 +302,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "share of a decode step (step_s) and the scorer's latency")
     ap.add_argument("--fit-scale-from", type=int, default=1000, help="fit workload's trace tokens that map to "
                     "--max-tokens (azure-conv's cap is 1000)")
+    ap.add_argument("--train-beside", action="store_true", help="train beside the rollout, on the engine's cores "
+                    "(the live term is then fitted per finished request); default: after the round")
     ap.add_argument("--policies", default="sync,tail,sorted")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=8, help="steps a run (step 0 is a warm-up, left out)")

@@ -63,6 +63,18 @@ def summarize(runs: dict) -> dict:
 
 # -- the report -------------------------------------------------------------------------------------------
 
+def streams_training(args) -> bool:
+    """Whether the measured run trains beside the rollout (--train-beside; else after the round: `run_flags`).
+    A result measured before the flag: SGLang's trained beside."""
+    return getattr(args, "train_beside", args.engine == "sglang")
+
+
+def training(args) -> str:
+    if streams_training(args):
+        return "streamed beside the rollout, on the same cores"
+    return "after the round (`--train-after-round`: the servers keep their memory)" if args.engine == "sglang" else "colocated"
+
+
 def report(result: dict) -> str:
     a = argparse.Namespace(**result["args"])
     runs = {(p, int(s)): rows for p, s, rows in result["runs"]}
@@ -71,7 +83,7 @@ def report(result: dict) -> str:
              f"{a.model}; machine {result['machine']}; {result['date']}.  Check workload {a.workload} ({a.scale_from} "
              f"trace tokens -> {a.max_tokens}); fit workload {a.fit_workload} ({a.fit_scale_from} -> {a.max_tokens}); "
              f"P={a.prompts} R={a.samples}, engine capacity {a.capacity}, {a.steps} steps a run (step 0 a warm-up, left "
-             f"out), training " + ("streamed beside the rollout (the servers are processes of their own)" if a.engine == "sglang" else "colocated") + "." + (" The profile and every prediction were made again from these "
+             f"out), training {training(a)}." + (" The profile and every prediction were made again from these "
              "measurements (`--report DIR --refit`) after the latency model's terms were fixed." if result.get("refit")
              else ""), "",
              f"Profile (decode and prefill fitted on the calibration grid, the live path's term on the fit workload's sync run): "

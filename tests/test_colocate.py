@@ -98,10 +98,12 @@ def test_release_refuses_while_requests_run_and_unknown_tags():
 
 
 @pytest.mark.timeout(600)
-def test_colocated_loop_trains_only_with_the_embedded_engine_released_then_resumes_with_the_trainers_weights():
+@pytest.mark.parametrize("mode", ["colocate", "train_after_round"])
+def test_colocated_loop_trains_only_with_the_embedded_engine_released_then_resumes_with_the_trainers_weights(mode):
     """Tail batching (P=2, R=2: 3 groups of 3) on an engine of 3 rows: the first group completes,
     and its micro-batch is ready, while the others still decode; colocated, it waits for the round's
-    end and trains with the engine's weights and KV cache freed."""
+    end and trains with the engine's weights and KV cache freed; with train_after_round it waits the
+    same, the engine keeping its memory."""
     from test_train_worker import ParityRewards
     from test_weight_sync import reference_greedy
 
@@ -126,8 +128,9 @@ def test_colocated_loop_trains_only_with_the_embedded_engine_released_then_resum
     trainer = WatchingTrainer(TorchTrainerConfig(model_dir=str(tiny), lr=1e-2, seed=0, device="cpu"))
     sched = Scheduler(make_policy("tail", prompts=2, samples=2, max_tokens=12), num_prompts=4,
                       batcher=BatcherConfig(token_budget=1))
-    loop = StepLoop(sched, engine, ParityRewards(), trainer, Prompts(), LoopConfig(colocate=True))
+    loop = StepLoop(sched, engine, ParityRewards(), trainer, Prompts(), LoopConfig(**{mode: True}))
     try:
+        kept = engine.memory_bytes()  # (what train_after_round keeps)
         record = loop.run_step()
         after = greedy(engine, "after", prompt=(1, 2, 3))
         version = engine.weight_version
@@ -136,7 +139,10 @@ def test_colocated_loop_trains_only_with_the_embedded_engine_released_then_resum
         engine.close()
     assert any(i.outcome == "aborted" for i in loop.last_timeline), "the case under test: the tail was aborted"
     assert len(seen) == 5 and record["trained_prompts"] == 2, "4 micro-batches and the optimizer step"
-    assert all(m == {"weights": 0, "kv_cache": 0} for m in seen), f"the trainer ran beside the engine: {seen}"
+    if mode == "colocate":
+        assert all(m == {"weights": 0, "kv_cache": 0} for m in seen), f"the trainer ran beside the engine: {seen}"
+    else:  # (the KV cache follows the rows decoding, none once the round is over: the weights tell)
+        assert all(m["weights"] == kept["weights"] > 0 for m in seen), f"the weights were released: {seen}"
     assert record["train_overlapped_s"] == 0.0 and record["sync_s"] > 0
     assert version == 1 and after == reference_greedy(str(tiny), trainer.export_weights())
 

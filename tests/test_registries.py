@@ -165,6 +165,14 @@ def test_the_component_configs_take_the_flags():
     assert parse(["--micro-batch-tokens", "77", "--advantage", "rloo"]).batcher_config().token_budget == 77
 
 
+def test_the_colocation_flags_reach_the_live_loop():
+    """--colocate and --train-after-round: what the live driver's LoopConfig is built with."""
+    modes = {flag: loop_config(parse([flag])) for flag in ("--colocate", "--train-after-round")}
+    assert (modes["--colocate"].colocate, modes["--colocate"].train_after_round) == (True, False)
+    assert (modes["--train-after-round"].colocate, modes["--train-after-round"].train_after_round) == (False, True)
+    assert not loop_config(parse([])).train_after_round
+
+
 def normalized(text: str) -> str:
     return " ".join(text.replace("│", " ").split())
 

@@ -19,7 +19,8 @@ and the times the core must hear of (`reward_staging.RewardStaging`), the step's
 record (`step_log.StepLog`); the step's time limit is the driver's (`watchdog.StepWatch`).
 Colocated (`LoopConfig.colocate`, `colocate.Colocation`): micro-batches wait for the round's end,
 the engine's memory is released before they train (waited for after the round, so in
-`train_exposed_s` or `reward_s`) and resumed with the weight sync (in `sync_s`).
+`train_exposed_s` or `reward_s`) and resumed with the weight sync (in `sync_s`);
+`LoopConfig.train_after_round` holds them the same way, the engine keeping its memory.
 Draft sources: after each step an engine that drafts from a prompt's earlier requests
 (`DraftKeepingEngine`, the embedded one) is told the sibling groups of the prompts still pending,
 so a prompt deferred by a short round drafts from that round's text in its long round.
@@ -99,6 +100,8 @@ class LoopConfig:
     """Fail a step that runs longer than this (None: no limit)."""
     colocate: bool = False
     """The engine and the trainer share the GPUs: train after the round, with the engine's memory released."""
+    train_after_round: bool = False
+    """Train after the round with the engine's memory kept (`colocate` implies it)."""
 
 
 class LiveBackend(NoticeObserver):
@@ -122,7 +125,8 @@ class LiveBackend(NoticeObserver):
         self._kept: dict[str, Interval] = {}
         """Intervals of kept samples that may still be scored or trained (a carried group's, in a later step)."""
         self._log = StepLog(start=clock.now())
-        self.colocation = Colocation(engine) if self.config.colocate else None
+        held = self.config.colocate or self.config.train_after_round
+        self.colocation = Colocation(engine, release=self.config.colocate) if held else None
 
     @property
     def tokens(self) -> dict[str, GenerationResult]:

@@ -124,6 +124,10 @@ class RunConfig:
     /release_memory_occupation: start its servers with --enable-memory-saver), then resumed with the
     weight sync.  The memory plan's peak is then the trainer state plus the larger of the engine's items
     and the training's.  Default: micro-batches train while the round still generates."""
+    train_after_round: bool = False
+    """Micro-batches train after the round ends, the engine keeping its memory (--colocate without the
+    release): for a machine whose trainer would take the rollout's compute while it generates (a CPU; a
+    GPU shared by both) or an engine that cannot release its memory.  --colocate implies it."""
     # (--rollout embedded's options, EmbeddedRollout's fields; --temperature, --top-p: SamplingOptions')
     # -- rewards (--reward, --reward-workers, --reward-deadline-s: RewardsConfig's fields) ----------
     allow_failed_rewards: bool = False

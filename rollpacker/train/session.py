@@ -39,9 +39,9 @@ def init_distributed_env() -> tuple[int, int]:
 
 def loop_config(config: RunConfig) -> LoopConfig:
     """The live loop's settings from the run's flags: sampling (--temperature, --top-p), the step
-    timeout, colocation."""
+    timeout, colocation, training after the round."""
     return LoopConfig(**config.options(SamplingOptions).loop_options(), step_timeout_s=config.step_timeout_s,
-                      colocate=config.colocate)
+                      colocate=config.colocate, train_after_round=config.train_after_round)
 
 
 class Session:
