@@ -16,7 +16,7 @@ from aiohttp import web
 
 from rollpacker.core import EndRound, RequestAborted, RequestFinished, Scheduler, TokensGenerated
 from rollpacker.backends.sglang.client import SGLangEngine
-from rollpacker.backends.sglang.launch import ServerGroup, free_port
+from rollpacker.backends.sglang.launch import ServerGroup, cpu_threads, free_port
 from rollpacker.core.protocols import GenerationProgress, GenerationRequest, GenerationResult
 from rollpacker.driver import Driver, ScorerAnswered, WallClock
 
@@ -47,20 +47,22 @@ def sglang_python() -> str | None:
     return str(python) if python.is_file() and any(Path(venv).glob(".rollpacker-built-*")) else None
 
 
-def launch(kind: str, model: str, num_servers: int = 1, *, serve_args=SERVE_ARGS, timeout_s: float | None = None):
+def launch(kind: str, model: str, num_servers: int = 1, *, serve_args=SERVE_ARGS, timeout_s: float | None = None,
+           threads: int | None = None):
     """`num_servers` servers of `kind` on 127.0.0.1 (a context manager: the group).  Real SGLang runs on
-    the CPU from its own environment (skipped, naming the make target, when it is not built)."""
+    the CPU from its own environment (skipped, naming the make target, when it is not built).  `threads`:
+    each server's torch threads (default: the cores split among them)."""
     from rollpacker.backends.sglang.launch import launch_servers
 
     if kind == "rollpacker":
         return launch_servers(model, num_servers=num_servers, kind="rollpacker", extra_args=serve_args,
-                              timeout_s=timeout_s or 120)
+                              timeout_s=timeout_s or 120, threads=threads)
     python = sglang_python()
     if python is None:
         skip_unless_ci(SGLANG_HINT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROLLPACKER_SGL_KERNEL_CALLS": str(STUB_CALLS)}
     return launch_servers(model, num_servers=num_servers, kind="sglang", python=python, cpu=True, env=env,
-                          timeout_s=timeout_s or 900)
+                          timeout_s=timeout_s or 900, threads=threads)
 
 
 def check_stub_never_called() -> None:
@@ -102,7 +104,7 @@ def restart_dead(group: ServerGroup, kind: str, model: str) -> None:
     """Start a server of `kind` in place of each one of `group` that is no longer alive."""
     for k, server in enumerate(group.servers):
         if not server.is_alive():
-            (group.servers[k],) = launch(kind, model, 1).servers
+            (group.servers[k],) = launch(kind, model, 1, threads=cpu_threads(len(group.servers))).servers
 
 
 def tiny_model() -> str:

@@ -227,3 +227,18 @@ def test_server_killed_mid_round_requests_are_relaunched_no_prompt_lost(servers,
         assert len(out["opt_steps"]) == 1
         assert len(out["launches"]) > prompts * samples  # the killed server's samples were relaunched
         assert round_end.report.retried_requests >= 1
+
+
+def test_cpu_servers_split_the_cores_between_them(servers):
+    """Each of the pair's processes runs with OMP_NUM_THREADS = cores // 2 (or what the environment set): two
+    servers that each took every core were 4-13x slower decoding together than one alone on 2 cores."""
+    import os
+
+    from rollpacker.backends.sglang.launch import cpu_threads
+
+    expected = os.environ.get("OMP_NUM_THREADS") or str(cpu_threads(2))
+    for server in servers.servers:
+        environ = dict(item.split("=", 1) for item in
+                       open(f"/proc/{server.process.pid}/environ").read().split("\0") if "=" in item)
+        assert environ.get("OMP_NUM_THREADS") == expected, server.url
+    assert cpu_threads(2, cores=2) == 1 and cpu_threads(2, cores=16) == 8 and cpu_threads(4, cores=2) == 1
