@@ -164,3 +164,20 @@ def test_a_shared_prefill_still_charges_a_preempted_request_and_one_without_a_gr
         inst.submit(req, 0.0)
     inst.admit()
     assert inst.time == pytest.approx(cost.prefill_batch_s + cost.prefill_t1 * (100 + 120 + 100), rel=1e-9)
+
+
+def test_a_round_that_aborts_its_tail_ends_the_profiles_abort_latency_later(tmp_path):
+    """abort_s (the engine's measured time from an abort to its result): a tail round's aborts are answered
+    that long after they are sent, so the round ends exactly abort_s later (one abort call for the tail); the
+    same tokens are kept and wasted."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": f"p{i}", "lengths": [20, 30, 40, 400]}) + "\n" for i in range(8)))
+    steps = []
+    for abort_s in (0.0, 0.5):
+        attrs.evolve(profile(), abort_s=abort_s).save(tmp_path / "p.json")
+        config = SimConfig(workload=str(workload), policy="tail", prompts=2, samples=4, max_tokens=512, steps=1,
+                           instances=1, engine_profile=str(tmp_path / "p.json"), dataset_prompts=8)
+        steps += Simulation(config).run()["steps"]
+    assert steps[0]["round"] == "short" and steps[0]["wasted_tokens"] > 0, "the case under test: a tail was aborted"
+    assert steps[1]["rollout_s"] == pytest.approx(steps[0]["rollout_s"] + 0.5, rel=1e-9)
+    assert (steps[1]["kept_tokens"], steps[1]["wasted_tokens"]) == (steps[0]["kept_tokens"], steps[0]["wasted_tokens"])

@@ -170,6 +170,12 @@ class CostModel:
         return 0.0
 
     @property
+    def abort_s(self) -> float:
+        """Seconds from an abort to its result: none (an assumption: an engine answers an abort within a
+        step, small beside a 16k-32k round); an engine profile states its measured latency."""
+        return 0.0
+
+    @property
     def shared_prefill(self) -> bool:
         """Each request prefills its own prompt, its siblings' too (an assumption: an engine whose prefix
         cache or batched prefill shares a group's prompt prefills less; at 16k-32k responses a small share

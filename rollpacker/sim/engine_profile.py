@@ -80,7 +80,8 @@ class EngineProfile:
     """Seconds a calibration run pays once whatever its size: the submission reaching the engine and
     the last answer coming back (measured; not simulated)."""
     abort_s: float = field(default=0.0, validator=non_negative_number)
-    """Seconds from an abort to its result (measured; the simulator's aborts are instantaneous)."""
+    """Seconds from an abort to its result (measured): the simulator delivers each abort's result that long
+    after it (the round that aborts its tail ends no sooner)."""
     step_s: float = field(default=0.0, validator=non_negative_number)
     """Engine seconds each decode step loses on the live rollout path beyond the calibration grid's: the
     driver's thread (the core's events, the token store, reward staging) sharing the engine's interpreter
@@ -111,7 +112,8 @@ class EngineProfile:
     def cost(self) -> ProfileCost:
         return ProfileCost(t0=self.t0 + self.step_s, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
-                           admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill)
+                           admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill,
+                           abort_s=self.abort_s)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -137,6 +139,7 @@ class ProfileCost:
     event_s: float = 0.0
     admit_fraction: float = 0.0
     shared_prefill: bool = False
+    abort_s: float = 0.0
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:

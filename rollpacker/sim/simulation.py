@@ -33,7 +33,7 @@ from .siblings import SiblingTexts
 from .stages import RewardModel, TrainModel
 from .workloads import MAX_PROMPT_TOKENS, Workload, load_workload
 
-WAKE, SCORED, DEADLINE, HEDGE = 0, 1, 2, 3
+WAKE, SCORED, DEADLINE, HEDGE, ABORTED = 0, 1, 2, 3, 4
 
 
 class Simulation(NoticeObserver):
@@ -184,6 +184,8 @@ class Simulation(NoticeObserver):
             return [DeadlinePassed()]
         if kind == HEDGE:
             return [HedgeDue()]
+        if kind == ABORTED:
+            return [payload]
         inst, version = payload
         if version == inst.version:
             for req in inst.wake(self.now):
@@ -334,7 +336,16 @@ class Simulation(NoticeObserver):
             self.inbox.append(events.RequestFinished(rid, req.target, req.reason, self.now))
         else:
             self.meter.aborted(inst.index, self.now, req.generated)
-            self.inbox.append(events.RequestAborted(rid, req.generated, self.now))
+            self._answer_abort(inst, rid, req.generated)
+
+    def _answer_abort(self, inst: Instance, rid: str, generated: int) -> None:
+        """The abort's result reaches the driver `cost.abort_s` after it (an engine profile's measured
+        latency; at once where it is 0)."""
+        latency = inst.cost.abort_s
+        if latency <= 0:
+            self.inbox.append(events.RequestAborted(rid, generated, self.now))
+        else:
+            self._push(self.now + latency, ABORTED, events.RequestAborted(rid, generated, self.now + latency))
 
     def _train(self, cmd: commands.TrainMicroBatch) -> None:
         width = max(self.workload.prompt_tokens(ref.sample.prompt.index) + ref.sample.num_tokens for ref in cmd.samples)
