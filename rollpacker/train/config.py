@@ -119,20 +119,16 @@ class RunConfig:
     """Rollout backend: the embedded engine in this process, or SGLang servers (--sglang-urls)."""
     # (--rollout sglang's options, SGLangRollout's fields, go here: see FLAT_AFTER)
     colocate: bool = False
-    """Rollout and training take turns on the same GPUs (veRL's default): micro-batches train after the
-    round ends, with the engine's weights and KV cache released meanwhile (SGLang's
-    /release_memory_occupation: start its servers with --enable-memory-saver), then resumed with the
-    weight sync.  The memory plan's peak is then the trainer state plus the larger of the engine's items
-    and the training's.  Default: micro-batches train while the round still generates."""
+    """Rollout and training take turns on the same GPUs (veRL's default): micro-batches train after the round,
+    the engine's weights and KV cache released meanwhile (SGLang: --enable-memory-saver), then resumed with the
+    weight sync; the memory plan's peak is the trainer state plus the larger of the engine's items and the
+    training's.  Default: micro-batches train while the round still generates."""
     train_after_round: bool = False
-    """Micro-batches train after the round ends, the engine keeping its memory (--colocate without the
-    release): for a machine whose trainer would take the rollout's compute while it generates (a CPU; a
-    GPU shared by both) or an engine that cannot release its memory.  --colocate implies it."""
+    """Train after the round, the engine keeping its memory (--colocate without the release; implied by it)."""
     # (--rollout embedded's options, EmbeddedRollout's fields; --temperature, --top-p: SamplingOptions')
     # -- rewards (--reward, --reward-workers, --reward-deadline-s: RewardsConfig's fields) ----------
     allow_failed_rewards: bool = False
-    """Go on when every reward of a step failed (the scorer raised, returned no number, hung or its
-    worker died: reward 0 for all); by default the run stops with one line naming the first error."""
+    """Go on when every reward of a step failed (reward 0 for all); by default the run stops naming the first error."""
     # -- training --------------------------------------------------------------------------------
     lr: float = 1e-5
     """AdamW learning rate (0: the weights stay fixed, a rollout-only measurement such as
