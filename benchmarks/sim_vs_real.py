@@ -60,7 +60,7 @@ from sim_vs_real_report import headline, profile_line, report, round_rows, strea
 from rollpacker.core import BatcherConfig  # noqa: E402
 from rollpacker.sim.config import SimConfig  # noqa: E402
 from rollpacker.sim.constants import SimConstants  # noqa: E402
-from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_profile, fit_step_s  # noqa: E402
+from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_live_terms, fit_profile  # noqa: E402
 from rollpacker.sim.simulation import Simulation  # noqa: E402
 
 SECTION = "Simulator against real engines"
@@ -120,31 +120,34 @@ class Workload:
 
 
 PROBE_S = 1e-3
-"""The step_s of the fit's second prediction: the seconds it adds to a round, over it, are the round's decode steps."""
+"""The step_s and launch_s of the fit's probe predictions: the seconds each adds to a round, over it, are the
+round's decode steps and its launch waits."""
 
 
 def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
                    micro_batch_tokens: int) -> EngineProfile:
-    """The profile with the live path's extra engine time fitted on the fit run's rounds (beside their
-    prediction without it), saved as `out`/profile.json: `step_s` a decode step where training waits for the
-    round (colocated: what shares the engine mid-round is the driver, once per engine step), `event_s` a
-    finished request where the trainer trains beside the rollout (SGLang here: its micro-batches follow the
-    finished requests)."""
+    """The profile with the live path's extra time fitted on the fit run's rounds (beside their prediction
+    without it), saved as `out`/profile.json: where training waits for the round (colocated), `launch_s` a
+    launch (the submission's way in and the last answer's way back, once a round) and `step_s` a decode step
+    (the driver sharing the engine's cores, once per engine step); `event_s` a finished request where the
+    trainer trains beside the rollout (its micro-batches follow the finished requests)."""
     profile_path = out / "profile.json"
     instances = 2 if args.engine == "sglang" else 1
     guesses = []
-    for step_s in (0.0, PROBE_S):
-        attrs.evolve(profile, step_s=step_s, event_s=0.0).save(profile_path)
+    for launch_s, step_s in ((0.0, 0.0), (PROBE_S, 0.0), (0.0, PROBE_S)):
+        attrs.evolve(profile, launch_s=launch_s, step_s=step_s, event_s=0.0).save(profile_path)
         guess = predict(args, profile_path, "sync", 0, Workload(args.fit_workload, args.fit_scale_from),
                         len(fit_records), stages, micro_batch_tokens, instances)
         guesses.append([g["rollout_s"] for g in guess[1:]])
     measured = [r["rollout_s"] for r in fit_records[1:]]
     if streams_training(args):
-        profile = attrs.evolve(profile, step_s=0.0, event_s=fit_event_s(
+        profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
             list(zip(measured, map(finished, fit_records[1:]))), guesses[0]))
     else:
-        steps = [(probed - plain) / PROBE_S for plain, probed in zip(*guesses)]
-        profile = attrs.evolve(profile, event_s=0.0, step_s=fit_step_s(measured, guesses[0], steps))
+        launches, steps = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)] for g in guesses[1:])
+        if args.engine != "sglang":  # the embedded engine is called in-process: no submission path to pay
+            launches = [0.0] * len(launches)
+        profile = attrs.evolve(profile, event_s=0.0, **fit_live_terms(measured, guesses[0], launches, steps))
     profile.save(profile_path)
     return profile
 

@@ -17,7 +17,7 @@ def profile_line(p: EngineProfile) -> str:
             + ("(a prompt once for its samples admitted together)" if p.shared_prefill else "(each request its own)")
             + f", run overhead {p.run_overhead_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms, "
             + (f"live path {p.event_s * 1e3:.2f} ms a finished request" if p.event_s else
-             f"live path {p.step_s * 1e3:.2f} ms a decode step") + "; "
+             f"live path {p.launch_s * 1e3:.1f} ms a launch + {p.step_s * 1e3:.2f} ms a decode step") + "; "
             f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")
 
 

@@ -11,7 +11,7 @@ import pytest
 from rollpacker.sim.cli import main as simulate
 from rollpacker.sim.config import SimConfig
 from rollpacker.sim.engine import Instance, SimRequest
-from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_profile, fit_step_s, load_profile
+from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_live_terms, fit_profile, load_profile
 from rollpacker.sim.simulation import Simulation
 
 TRUE = {"run_overhead_s": 0.012, "prefill_t1": 9e-6, "t0": 0.0035, "t1": 0.0005, "t2": 2e-7}
@@ -100,11 +100,13 @@ def test_the_live_paths_step_s_is_paid_by_each_decode_step_and_not_by_the_prefil
     assert not any(kind == "event" for *_, kind in intervals)
 
 
-def test_step_s_is_fitted_per_decode_step_of_the_live_rounds():
-    """Rounds of 50 and 100 decode steps, each 3 ms a step slower than predicted without step_s: 3 ms; a round
-    the model already over-predicts does not make it negative."""
-    assert fit_step_s([1.15, 2.3, 0.9], [1.0, 2.0, 0.75], [50, 100, 50]) == pytest.approx(0.003)
-    assert fit_step_s([1.0], [1.2], [50]) == 0.0
+def test_the_live_terms_are_fitted_per_launch_and_per_decode_step_of_the_live_rounds():
+    """Rounds of 50 and 100 decode steps, each 0.1 s (a launch) + 3 ms a step slower than predicted without
+    them: both found; a round the model already over-predicts does not make either negative."""
+    fitted = fit_live_terms([1.25, 2.4, 0.95], [1.0, 2.0, 0.7], [1, 1, 1], [50, 100, 50])
+    assert fitted == pytest.approx({"launch_s": 0.1, "step_s": 0.003})
+    assert fit_live_terms([1.0, 2.0], [1.2, 2.3], [1, 1], [50, 90]) == {"launch_s": 0.0, "step_s": 0.0}
+    assert fit_live_terms([1.15, 2.3], [1.0, 2.0], [0, 0], [50, 100]) == pytest.approx({"launch_s": 0, "step_s": 0.003})
 
 
 def run_sync(tmp_path, fitted, lengths, samples) -> tuple[dict, list]:
@@ -181,3 +183,27 @@ def test_a_round_that_aborts_its_tail_ends_the_profiles_abort_latency_later(tmp_
     assert steps[0]["round"] == "short" and steps[0]["wasted_tokens"] > 0, "the case under test: a tail was aborted"
     assert steps[1]["rollout_s"] == pytest.approx(steps[0]["rollout_s"] + 0.5, rel=1e-9)
     assert (steps[1]["kept_tokens"], steps[1]["wasted_tokens"]) == (steps[0]["kept_tokens"], steps[0]["wasted_tokens"])
+
+
+def test_a_launch_reaches_the_engine_the_profiles_launch_latency_later(tmp_path):
+    """launch_s (the live path's way in, fitted on a live run): a sync round, all launched at its start, ends
+    exactly launch_s later, its prefill and decoding unchanged, shifted."""
+    plain, before = run_sync(tmp_path, profile(), [40, 80, 120], 3)
+    late, after = run_sync(tmp_path, attrs.evolve(profile(), launch_s=0.25), [40, 80, 120], 3)
+    assert late["rollout_s"] == pytest.approx(plain["rollout_s"] + 0.25, rel=1e-9)
+    assert [(n, kind) for _, _, n, kind in before] == [(n, kind) for _, _, n, kind in after]
+    assert [t + 0.25 for a, b, *_ in before for t in (a, b)] == pytest.approx([t for a, b, *_ in after for t in (a, b)])
+
+
+def test_a_request_aborted_before_it_reaches_the_engine_comes_back_with_nothing_and_is_placed_by_count():
+    """A launched request on its way in counts for placement and can be aborted there (no tokens); the others
+    join the queue at their arrival time, not before."""
+    inst = Instance(index=0, cost=attrs.evolve(profile(), launch_s=0.5).cost(), max_running=8, watermark=0.0)
+    for rid in "ab":
+        inst.submit(SimRequest(rid, 100, 10, "stop"), 0.0, arrives=0.5)
+    assert (len(inst.waiting), len(inst.arriving)) == (0, 2)
+    assert inst.remove("a", 0.1).generated == 0 and [r.rid for _, r in inst.arriving] == ["b"]
+    inst.arrive(0.4)
+    assert not inst.waiting
+    inst.arrive(0.5)
+    assert [r.rid for r in inst.waiting] == ["b"] and not inst.arriving

@@ -84,6 +84,8 @@ class Instance:
     step: float = 0.0
     running: dict = field(factory=dict)
     waiting: list = field(factory=list)
+    arriving: list = field(factory=list)
+    """(arrival time, request) of requests launched here that have not reached the engine yet (`cost.launch_s`)."""
     finish_heap: list = field(factory=list)
     base: float = 0.0
     """A: sum over running of (context at admission - start step)."""
@@ -165,9 +167,19 @@ class Instance:
 
     # -- changes ----------------------------------------------------------------------------------
 
-    def submit(self, req: SimRequest, now: float) -> None:
+    def submit(self, req: SimRequest, now: float, arrives: float | None = None) -> None:
+        """Queue `req`; with `arrives` later than now it waits in `arriving` until `arrive` at that time."""
         self.advance_to(now)
-        self.waiting.append(req)
+        if arrives is not None and arrives > now:
+            self.arriving.append((arrives, req))
+        else:
+            self.waiting.append(req)
+
+    def arrive(self, now: float) -> None:
+        """The requests whose submission reached the engine by `now` join the queue."""
+        self.advance_to(now)
+        self.waiting.extend(req for at, req in self.arriving if at <= now)
+        self.arriving = [(at, req) for at, req in self.arriving if at > now]
 
     def _start(self, req: SimRequest) -> None:
         req.running, req.start = True, self.step
@@ -248,6 +260,9 @@ class Instance:
         for i, w in enumerate(self.waiting):
             if w.rid == rid:
                 return self.waiting.pop(i)
+        for i, (_, w) in enumerate(self.arriving):
+            if w.rid == rid:
+                return self.arriving.pop(i)[1]
         return None
 
     def wake(self, now: float) -> list[SimRequest]:

@@ -18,7 +18,7 @@ tokens each generating n tokens, submitted together, `seconds` from submission t
 (the prefill is one forward more: n + 1 forwards' fixed cost; `run_overhead_s`, the submission and the last
 answer's way back, is measured and left out of the simulation, as a live round pays it once, not per
 admission).  On the live rollout path a decode step costs more than on the grid (the driver shares the
-engine's interpreter and cores): `step_s`, fitted on a live run's rounds (`fit_step_s`), is added to
+engine's interpreter and cores): `step_s`, fitted on a live run's rounds (`fit_live_terms`), is added to
 each decode step's fixed cost.  An engine that prefills a prompt once for its samples admitted together
 (`shared_prefill`, the embedded engine) is charged so; the grid's prompts are all distinct, so the fit's
 `prefill_t1` is a prompt token's cost either way.
@@ -82,10 +82,15 @@ class EngineProfile:
     abort_s: float = field(default=0.0, validator=non_negative_number)
     """Seconds from an abort to its result (measured): the simulator delivers each abort's result that long
     after it (the round that aborts its tail ends no sooner)."""
+    launch_s: float = field(default=0.0, validator=non_negative_number)
+    """Seconds from a launch to the engine having the request, on the live rollout path: the submission's way
+    in (HTTP, the server's front end and queue) and, as a live round pays it once, the last answer's way back;
+    fitted with `step_s` on a run of the whole rollout path (`fit_live_terms`), 0 from the grid alone.  The
+    simulator queues a launched request on its instance that long after the launch."""
     step_s: float = field(default=0.0, validator=non_negative_number)
     """Engine seconds each decode step loses on the live rollout path beyond the calibration grid's: the
     driver's thread (the core's events, the token store, reward staging) sharing the engine's interpreter
-    and cores (on SGLang here, the trainer too); fitted on a run of the whole rollout path (`fit_step_s`),
+    and cores (on SGLang here, the trainer too); fitted on a run of the whole rollout path (`fit_live_terms`),
     0 from the grid alone.  A decode step's fixed cost in the simulation is t0 + step_s; an admission's
     prefill is part of the same engine step and pays t0 only."""
     event_s: float = field(default=0.0, validator=non_negative_number)
@@ -113,7 +118,7 @@ class EngineProfile:
         return ProfileCost(t0=self.t0 + self.step_s, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
                            admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill,
-                           abort_s=self.abort_s)
+                           abort_s=self.abort_s, launch_s=self.launch_s)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -140,6 +145,7 @@ class ProfileCost:
     admit_fraction: float = 0.0
     shared_prefill: bool = False
     abort_s: float = 0.0
+    launch_s: float = 0.0
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:
@@ -169,7 +175,7 @@ def load_profile(path: str | Path) -> EngineProfile:
     if missing or unknown:
         what = f"missing {', '.join(missing)}" if missing else f"unknown field {unknown[0]!r}"
         raise ProfileError(f"--engine-profile {path}: {what} (fields: {', '.join(sorted(names))})")
-    for name in TERMS + ("abort_s", "step_s", "event_s", "admit_fraction", "max_running", "kv_capacity"):
+    for name in TERMS + ("abort_s", "launch_s", "step_s", "event_s", "admit_fraction", "max_running", "kv_capacity"):
         value = data.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
@@ -181,16 +187,17 @@ def load_profile(path: str | Path) -> EngineProfile:
         raise ProfileError(f"--engine-profile {path}: {exc}") from None
 
 
-def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[str, ...]) -> dict[str, float]:
-    """Least squares of `seconds` on `features` (one column per name), relative error weighted, every
+def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[str, ...],
+               relative: bool = True) -> dict[str, float]:
+    """Least squares of `seconds` on `features` (one column per name), relative error weighted (or not), every
     constant >= 0 (a term whose unconstrained fit is negative is held at 0 and the rest refitted)."""
     if len(seconds) < len(names):
         raise ConfigError(f"fitting {len(names)} constants needs at least {len(names)} timings, got {len(seconds)}")
     x = np.array(features, dtype=float)
     y = np.array(seconds, dtype=float)
-    weights = 1.0 / y  # relative error: a short run counts as much as a long one
+    weights = 1.0 / y if relative else np.ones_like(y)  # relative: a short run counts as much as a long one
     free = list(range(len(names)))
-    while True:
+    while free:
         coef, *_ = np.linalg.lstsq(x[:, free] * weights[:, None], y * weights, rcond=None)
         if (coef >= 0).all():
             break
@@ -214,12 +221,13 @@ def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date:
     return attrs.evolve(profile, fit=fit)
 
 
-def fit_step_s(measured: list[float], without: list[float], steps: list[float]) -> float:
-    """`EngineProfile.step_s` from rounds of a run of the whole rollout path: their measured rollout seconds,
-    the seconds predicted without it, and the seconds a second more per decode step adds to each predicted
-    round (its decode steps); the median of the rounds' unexplained seconds per decode step, >= 0."""
-    per_step = [(seconds - guess) / n for seconds, guess, n in zip(measured, without, steps) if n > 0]
-    return max(0.0, float(np.median(per_step))) if per_step else 0.0
+def fit_live_terms(measured: list[float], without: list[float], launches: list[float], steps: list[float]) -> dict:
+    """`EngineProfile.launch_s` and `step_s` from rounds of a run of the whole rollout path: their measured rollout
+    seconds, the seconds predicted without either, and what a second more of each adds to each predicted round
+    (`launches`: its launch waits on the round's path, 1 where every launch is at the round's start; `steps`: its
+    decode steps); the least squares of the rounds' unexplained seconds, both >= 0."""
+    return fit_linear([[a, n] for a, n in zip(launches, steps)], [m - w for m, w in zip(measured, without)],
+                      ("launch_s", "step_s"), relative=False)
 
 
 def fit_event_s(measured: list[tuple[float, int]], predicted: list[float]) -> float:

@@ -6,9 +6,10 @@ same `rollpacker.driver.Driver` runs it, on a `VirtualClock` that only the simul
     result = sim.run()        # {"config": {...}, "steps": [...], "total": {...}}
 
 Event sources, all on one heap keyed by time: instance wake-ups (a request reaches its length, or the
-KV pool fills), scorer answers and reward deadlines.  Answers that happen "now" (an abort's reply)
-go through an inbox that is drained before the clock moves.  Training is a single resource whose
-busy time is computed as micro-batches arrive; it holds the optimizer step.
+KV pool fills), launches reaching their instance and abort replies (an engine profile's latencies),
+scorer answers and reward deadlines.  Answers that happen "now" go through an inbox drained before
+the clock moves.  Training is a single resource whose busy time is computed as micro-batches arrive;
+it holds the optimizer step.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .siblings import SiblingTexts
 from .stages import RewardModel, TrainModel
 from .workloads import MAX_PROMPT_TOKENS, Workload, load_workload
 
-WAKE, SCORED, DEADLINE, HEDGE, ABORTED = 0, 1, 2, 3, 4
+WAKE, SCORED, DEADLINE, HEDGE, ABORTED, ARRIVED = range(6)
 
 
 class Simulation(NoticeObserver):
@@ -74,16 +75,14 @@ class Simulation(NoticeObserver):
         self._build_instances(config.tp)
         self.clock = VirtualClock()
         self.driver = Driver(self.sched, self, self.clock)
-        self.heap: list = []
-        self.seq = 0
+        self.heap, self.seq = [], 0  # (time, seq, kind, payload): the event sources of the module doc
         self.inbox: deque = deque()
         self.where: dict[str, Instance] = {}
         self.live: dict[str, SimRequest] = {}
-        self.totals: dict[str, int] = {}
+        self.totals: dict[str, int] = {}  # a sample's trace length, by its first request id (`root`)
         self.root: dict[str, str] = {}
         self.launched_keys: set = set()
-        self.trainer_free = 0.0
-        self.held_batches: list[commands.TrainMicroBatch] = []
+        self.trainer_free, self.held_batches = 0.0, []  # (the held TrainMicroBatch commands)
         self.scoring: dict[str, int | bool] = {}
         """A kept sample's prompt index, then (once its scorer ran) whether its answer is correct."""
         self.timelines: dict[int, dict] = {}
@@ -186,6 +185,10 @@ class Simulation(NoticeObserver):
             return [HedgeDue()]
         if kind == ABORTED:
             return [payload]
+        if kind == ARRIVED:  # a launch reached its instance (`cost.launch_s` after it)
+            payload.arrive(self.now)
+            self.dirty.add(payload.index)
+            return []
         inst, version = payload
         if version == inst.version:
             for req in inst.wake(self.now):
@@ -312,7 +315,9 @@ class Simulation(NoticeObserver):
         prompt = self.workload.prompt_tokens(cmd.prompt.index) + prefix
         req = SimRequest(cmd.request_id, prompt, new, reason, group=None if cmd.resume else cmd.prompt)
         inst = min(self.instances, key=self._placement_key)
-        inst.submit(req, self.now)
+        inst.submit(req, self.now, arrives=self.now + inst.cost.launch_s)
+        if inst.cost.launch_s > 0:
+            self._push(self.now + inst.cost.launch_s, ARRIVED, inst)
         self.where[cmd.request_id] = inst
         self.live[cmd.request_id] = req
         self.launched_keys.add(cmd.prompt)
@@ -323,7 +328,7 @@ class Simulation(NoticeObserver):
         """Where a launch goes: the fewest requests (or, `engine.oracle_placement`, true tokens left)."""
         if self.constants.engine.oracle_placement:
             return sum(r.target - r.tokens(inst.step) for r in (*inst.running.values(), *inst.waiting)), inst.index
-        return len(inst.running) + len(inst.waiting), inst.index
+        return len(inst.running) + len(inst.waiting) + len(inst.arriving), inst.index
 
     def _abort(self, rid: str) -> None:
         inst = self.where.get(rid)
@@ -341,11 +346,9 @@ class Simulation(NoticeObserver):
     def _answer_abort(self, inst: Instance, rid: str, generated: int) -> None:
         """The abort's result reaches the driver `cost.abort_s` after it (an engine profile's measured
         latency; at once where it is 0)."""
-        latency = inst.cost.abort_s
-        if latency <= 0:
-            self.inbox.append(events.RequestAborted(rid, generated, self.now))
-        else:
-            self._push(self.now + latency, ABORTED, events.RequestAborted(rid, generated, self.now + latency))
+        if (latency := inst.cost.abort_s) <= 0:
+            return self.inbox.append(events.RequestAborted(rid, generated, self.now))
+        self._push(self.now + latency, ABORTED, events.RequestAborted(rid, generated, self.now + latency))
 
     def _train(self, cmd: commands.TrainMicroBatch) -> None:
         width = max(self.workload.prompt_tokens(ref.sample.prompt.index) + ref.sample.num_tokens for ref in cmd.samples)
