@@ -165,6 +165,7 @@ def refit(result: dict, out: Path) -> dict:
     runs = [Run(*r) for r in old.fit["runs"]]
     profile = fit_profile(runs, engine=old.engine, model=old.model, machine=old.machine, date=old.date,
                           max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
+                          abort_request_s=old.abort_request_s, aborts=old.fit.get("aborts"),
                           admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args))
     records = [json.loads(line) for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
     profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sim_vs_real_report import profile_line
 
-from rollpacker.sim.engine_profile import EngineProfile, fit_profile, load_profile
+from rollpacker.sim.engine_profile import EngineProfile, fit_abort, fit_profile, load_profile
 
 GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), repeats=2,
                        trainer=dict(rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64, 128), repeats=2)),
@@ -47,12 +47,12 @@ def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
     try:
         cal = Calibration(engine, vocab_size=model.config.vocab_size, seed=0)
         runs = cal.grid(grid["rows"], grid["prompts"], grid["news"], grid["repeats"])
-        abort_s = cal.abort_s(new=args.max_tokens)
+        aborts = fit_abort(cal.aborts(new=args.max_tokens))
     finally:
         engine.close()
     profile = fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
                           date=time.strftime("%Y-%m-%d"), max_running=capacity, kv_capacity=capacity * 8192,
-                          abort_s=abort_s, admit_fraction=admit_fraction(args), shared_prefill=shared_prefill(args))
+                          admit_fraction=admit_fraction(args), shared_prefill=shared_prefill(args), **aborts)
     profile.save(out / "profile.json")
     print(f"profile: {profile_line(profile)}", flush=True)
     return profile

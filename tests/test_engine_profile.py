@@ -11,7 +11,7 @@ import pytest
 from rollpacker.sim.cli import main as simulate
 from rollpacker.sim.config import SimConfig
 from rollpacker.sim.engine import Instance, SimRequest
-from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_live_terms, fit_profile, load_profile
+from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_abort, fit_live_terms, fit_profile, load_profile
 from rollpacker.sim.simulation import Simulation
 
 TRUE = {"run_overhead_s": 0.012, "prefill_t1": 9e-6, "t0": 0.0035, "t1": 0.0005, "t2": 2e-7}
@@ -207,3 +207,33 @@ def test_a_request_aborted_before_it_reaches_the_engine_comes_back_with_nothing_
     assert not inst.waiting
     inst.arrive(0.5)
     assert [r.rid for r in inst.waiting] == ["b"] and not inst.arriving
+
+
+def test_the_abort_latency_grows_with_the_requests_one_abort_catches(tmp_path, monkeypatch):
+    """abort_request_s (measured by `Calibration.aborts`): an abort call catching n requests on the instance is
+    answered abort_s + n * abort_request_s after it, so a tail round ends exactly that much later for its
+    largest call (here the driver aborts a group's over-sampled response, then a deferred prompt's three)."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": f"p{i}", "lengths": [20, 30, 40, 400]}) + "\n" for i in range(8)))
+    calls, abort = [], Simulation.abort
+    monkeypatch.setattr(Simulation, "abort", lambda self, rids: (calls.append(len(rids)), abort(self, rids))[1])
+    steps = []
+    for abort_s, per_request in ((0.0, 0.0), (0.05, 0.1)):
+        attrs.evolve(profile(), abort_s=abort_s, abort_request_s=per_request).save(tmp_path / "p.json")
+        config = SimConfig(workload=str(workload), policy="tail", prompts=2, samples=4, max_tokens=512, steps=1,
+                           instances=1, engine_profile=str(tmp_path / "p.json"), dataset_prompts=8)
+        steps += Simulation(config).run()["steps"]
+    assert max(calls) >= 2, "the case under test: one abort call catches several requests"
+    assert steps[1]["rollout_s"] == pytest.approx(steps[0]["rollout_s"] + 0.05 + 0.1 * max(calls), rel=1e-9)
+
+
+def test_the_abort_terms_are_fitted_from_latencies_at_several_counts_and_kept_in_the_profile(tmp_path):
+    points = [(1, 0.022), (2, 0.030), (4, 0.046), (8, 0.078)]
+    fitted = fit_abort(points)
+    assert fitted["abort_s"] == pytest.approx(0.014, abs=1e-3) and fitted["abort_request_s"] == pytest.approx(0.008, abs=5e-4)
+    kept = fit_profile(timed(TRUE), engine="e", model="m", machine="x", date="d", max_running=8, kv_capacity=10**5,
+                       **fitted)
+    kept.save(tmp_path / "p.json")
+    loaded = load_profile(tmp_path / "p.json")
+    assert (loaded.abort_s, loaded.abort_request_s) == (fitted["abort_s"], fitted["abort_request_s"])
+    assert loaded.fit["aborts"] == [list(p) for p in points]

@@ -1,8 +1,9 @@
 """Time a real rollout engine for the simulator's latency model (`rollpacker.sim.engine_profile`).
 
-    runs = time_grid(engine, vocab_size=V, rows=(1, 4, 16), prompts=(32, 256), news=(16, 64, 128))
+    cal = Calibration(engine, vocab_size=V)
+    runs = cal.grid(rows=(1, 4, 16), prompts=(32, 256), news=(16, 64, 128))
     profile = fit_profile(runs, engine="embedded", ..., max_running=engine.capacity, kv_capacity=...,
-                          abort_s=time_aborts(engine, vocab_size=V))
+                          **fit_abort(cal.aborts(new=64)))
 
 Each run submits `rows` requests together, each with its own random prompt of `prompt` token ids (distinct,
 so no engine shares a prefill between them) and `ignore_eos`, generating exactly `new` tokens, and
@@ -76,7 +77,7 @@ class Calibration:
         return [Run(b, p, n, statistics.median(self.run(b, p, n) for _ in range(repeats))) for b, p, n in cells]
 
     def abort_s(self, rows: int = 4, prompt: int = 32, new: int = 2048, after_s: float = 0.2, repeats: int = 3) -> float:
-        """Median seconds from aborting `rows` running requests to their last abort result."""
+        """Median seconds from aborting `rows` running requests (in one call) to their last abort result."""
         times = []
         for _ in range(repeats):
             requests = self._requests(rows, prompt, new)
@@ -84,10 +85,18 @@ class Calibration:
             time.sleep(after_s)
             start = time.monotonic()
             self.engine.abort([r.request_id for r in requests])
-            self._wait({r.request_id for r in requests})
+            results = self._wait({r.request_id for r in requests})
             times.append(time.monotonic() - start)
+            if all(len(r.token_ids) >= new for r in results.values()):
+                raise RuntimeError(f"calibration: {rows} requests of {new} tokens finished within {after_s:g} s, "
+                                   f"before their abort: nothing was aborted (raise new)")
             self.tick()
         return statistics.median(times)
+
+    def aborts(self, rows: Iterable[int] = (1, 2, 4, 8), **kwargs) -> list[tuple[int, float]]:
+        """(requests caught, `abort_s` of that many) for each count: the abort latency's growth with the
+        requests one abort catches (`rollpacker.sim.engine_profile.fit_abort`)."""
+        return [(b, self.abort_s(rows=b, **kwargs)) for b in rows]
 
 
 def time_trainer(trainer, *, vocab_size: int, rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64),

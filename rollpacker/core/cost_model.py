@@ -169,10 +169,9 @@ class CostModel:
         """Waiting requests start as soon as a slot frees (an engine profile may state a batching rule)."""
         return 0.0
 
-    @property
-    def abort_s(self) -> float:
-        """Seconds from an abort to its result: none (an assumption: an engine answers an abort within a
-        step, small beside a 16k-32k round); an engine profile states its measured latency."""
+    def abort_latency(self, caught: int) -> float:
+        """Seconds from an abort call catching `caught` requests to their results: none (an assumption: an engine
+        answers an abort within a step, small beside a 16k-32k round); an engine profile states its measured one."""
         return 0.0
 
     @property

@@ -80,8 +80,11 @@ class EngineProfile:
     """Seconds a calibration run pays once whatever its size: the submission reaching the engine and
     the last answer coming back (measured; not simulated)."""
     abort_s: float = field(default=0.0, validator=non_negative_number)
-    """Seconds from an abort to its result (measured): the simulator delivers each abort's result that long
-    after it (the round that aborts its tail ends no sooner)."""
+    """Seconds from an abort to its result (measured), plus `abort_request_s` for each request the one abort
+    call catches on the instance: the simulator delivers each abort's result that long after it (the round
+    that aborts its tail ends no sooner)."""
+    abort_request_s: float = field(default=0.0, validator=non_negative_number)
+    """Seconds the abort latency grows by for each request one abort catches (measured: `fit_abort`)."""
     launch_s: float = field(default=0.0, validator=non_negative_number)
     """Seconds from a launch to the engine having the request, on the live rollout path: the submission's way
     in (HTTP, the server's front end and queue) and, as a live round pays it once, the last answer's way back;
@@ -118,7 +121,7 @@ class EngineProfile:
         return ProfileCost(t0=self.t0 + self.step_s, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
                            admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill,
-                           abort_s=self.abort_s, launch_s=self.launch_s)
+                           abort_s=self.abort_s, abort_request_s=self.abort_request_s, launch_s=self.launch_s)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -145,6 +148,7 @@ class ProfileCost:
     admit_fraction: float = 0.0
     shared_prefill: bool = False
     abort_s: float = 0.0
+    abort_request_s: float = 0.0
     launch_s: float = 0.0
     tp: int = 1
 
@@ -153,6 +157,10 @@ class ProfileCost:
 
     def prefill_time(self, tokens: float, cached: float = 0.0) -> float:
         return self.prefill_t1 * tokens if tokens > 0 else 0.0
+
+    def abort_latency(self, caught: int) -> float:
+        """Seconds from one abort call that catches `caught` requests here to their results."""
+        return self.abort_s + self.abort_request_s * caught
 
     def peak_tokens_per_s(self, batch: float) -> float:
         return batch / (self.t0 + self.t1 * batch)
@@ -175,7 +183,7 @@ def load_profile(path: str | Path) -> EngineProfile:
     if missing or unknown:
         what = f"missing {', '.join(missing)}" if missing else f"unknown field {unknown[0]!r}"
         raise ProfileError(f"--engine-profile {path}: {what} (fields: {', '.join(sorted(names))})")
-    for name in TERMS + ("abort_s", "launch_s", "step_s", "event_s", "admit_fraction", "max_running", "kv_capacity"):
+    for name in TERMS + ("abort_s", "abort_request_s", "launch_s", "step_s", "event_s", "admit_fraction", "max_running", "kv_capacity"):
         value = data.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
@@ -208,17 +216,28 @@ def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[s
 
 
 def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date: str, max_running: int,
-                kv_capacity: int, abort_s: float = 0.0, admit_fraction: float = 0.0,
-                shared_prefill: bool = False) -> EngineProfile:
+                kv_capacity: int, abort_s: float = 0.0, abort_request_s: float = 0.0, admit_fraction: float = 0.0,
+                shared_prefill: bool = False, aborts: list | None = None) -> EngineProfile:
     """The profile whose constants fit `runs`; `fit` records each run and the median relative error."""
     values = fit_linear([r.features() for r in runs], [r.seconds for r in runs], TERMS)
     profile = EngineProfile(engine=engine, model=model, machine=machine, date=date, abort_s=abort_s,
+                            abort_request_s=abort_request_s,
                             max_running=max_running, kv_capacity=kv_capacity, admit_fraction=admit_fraction,
                             shared_prefill=shared_prefill, **values)
     errors = [profile.predict(r) / r.seconds - 1 for r in runs]
     fit = {"runs": [[r.rows, r.prompt, r.new, round(r.seconds, 4)] for r in runs],
            "median_abs_error": float(np.median(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
+    if aborts:
+        fit["aborts"] = [[rows, round(seconds, 4)] for rows, seconds in aborts]
     return attrs.evolve(profile, fit=fit)
+
+
+def fit_abort(aborts: list[tuple[int, float]]) -> dict:
+    """`abort_s` and `abort_request_s` from (requests one abort caught, seconds to their last result) at several
+    counts (`Calibration.aborts`); the points themselves as `aborts` (kept in the profile's `fit`)."""
+    values = fit_linear([[1.0, rows] for rows, _ in aborts], [seconds for _, seconds in aborts],
+                        ("abort_s", "abort_request_s"))
+    return {**values, "aborts": list(aborts)}
 
 
 def fit_live_terms(measured: list[float], without: list[float], launches: list[float], steps: list[float]) -> dict:

@@ -15,7 +15,7 @@ it holds the optimizer step.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 
 from rollpacker.core import BatcherConfig, EpochLedger, Scheduler, TpRule, commands, events
@@ -263,8 +263,9 @@ class Simulation(NoticeObserver):
         self.dirty |= {source.index, to.index}
 
     def abort(self, request_ids: Sequence[str]) -> None:
+        caught = Counter(self.where[rid].index for rid in request_ids if rid in self.where)  # per instance
         for rid in request_ids:
-            self._abort(rid)
+            self._abort(rid, caught)
 
     def keep(self, notice: commands.ScoreSample) -> None:
         self.scoring[notice.sample.request_id] = notice.sample.prompt.index
@@ -330,7 +331,7 @@ class Simulation(NoticeObserver):
             return sum(r.target - r.tokens(inst.step) for r in (*inst.running.values(), *inst.waiting)), inst.index
         return len(inst.running) + len(inst.waiting) + len(inst.arriving), inst.index
 
-    def _abort(self, rid: str) -> None:
+    def _abort(self, rid: str, caught: Counter) -> None:
         inst = self.where.get(rid)
         if inst is None:
             return  # it finished; its RequestFinished is already on the way
@@ -341,12 +342,12 @@ class Simulation(NoticeObserver):
             self.inbox.append(events.RequestFinished(rid, req.target, req.reason, self.now))
         else:
             self.meter.aborted(inst.index, self.now, req.generated)
-            self._answer_abort(inst, rid, req.generated)
+            self._answer_abort(inst, rid, req.generated, caught[inst.index])
 
-    def _answer_abort(self, inst: Instance, rid: str, generated: int) -> None:
-        """The abort's result reaches the driver `cost.abort_s` after it (an engine profile's measured
-        latency; at once where it is 0)."""
-        if (latency := inst.cost.abort_s) <= 0:
+    def _answer_abort(self, inst: Instance, rid: str, generated: int, caught: int) -> None:
+        """The abort's result reaches the driver an engine profile's measured latency after it (which grows with
+        the `caught` requests of one abort call on `inst`); at once where it is 0."""
+        if (latency := inst.cost.abort_latency(caught)) <= 0:
             return self.inbox.append(events.RequestAborted(rid, generated, self.now))
         self._push(self.now + latency, ABORTED, events.RequestAborted(rid, generated, self.now + latency))
 
