@@ -3,7 +3,7 @@ benchmarks/sim_vs_real.py (the tiny model on the embedded engine, this machine k
 on servegen-r1 replayed through the real rollout path) is predicted again by this tree's simulator from the
 engine profile and stages it was measured with, and must stay within the bounds it met: a latency-model term
 broken by hand (a decode step that ignores its batch, a prefill that costs nothing, the live path's step_s
-or launch_s dropped) fails it."""
+or launch_s dropped, an abort latency blind to the requests it catches) fails it."""
 
 from __future__ import annotations
 
@@ -36,14 +36,15 @@ requests in two rounds than the engine did).  With each sample prefilling its ow
 a group's: `EngineProfile.shared_prefill`), tail's short rounds miss it (20-31%)."""
 DEFAULT_RATIO_BOUND = {"tail": 0.05, "sorted": 0.10}
 SGLANG_MEASURED = ROOT / "benchmarks" / "sim_vs_real" / "sglang-tiny.json"
-SGLANG_ROUND_BOUND = {"sync": 0.13, "tail": 0.15, "sorted": 0.24}
+SGLANG_ROUND_BOUND = {"sync": 0.13, "tail": 0.25, "sorted": 0.23}
 """Real SGLang 0.5.23, two servers, the tiny model, training after the round: the committed measurement met
-sync 4.0-10.7%, tail 9.8-12.2%, SortedRL 17.0-21.1% (SortedRL misses the 15% target: its rounds end with
-aborts of 12-16 requests, whose results took about 0.1 s on the live path against the profile's 49 ms).
-Without the launch latency (`EngineProfile.launch_s`, 148 ms: a submission's way in and the last answer's
-way back, fitted on the fit run's sync rounds) tail's rounds miss it, and without the abort latency
-(`abort_s`) too."""
-SGLANG_RATIO_BOUND = {"tail": 0.13, "sorted": 0.20}
+sync 7.6-11.5%, tail 12.2-23.0%, SortedRL 14.3-20.8% (tail's seed 1 and SortedRL miss the 15% target; tail's
+seed 1 is one round: an aborted request ran to 51 tokens against the simulation's 18).  Without the launch
+latency (`EngineProfile.launch_s`: a submission's way in and the last answer's way back) sync's rounds miss
+it (16.6%)."""
+SGLANG_RATIO_BOUND = {"tail": 0.05, "sorted": 0.10}
+"""Met: tail -0.4%, SortedRL +7.0%.  Without the abort latency's growth with the requests caught
+(`abort_request_s`), SortedRL's ratio misses it (+11.8%)."""
 
 
 @pytest.fixture(scope="module")
@@ -106,5 +107,6 @@ def test_sglangs_rounds_and_ratios_are_predicted_within_their_bounds(sglang_repr
     """Real SGLang: each server takes its share of the cores, training waits for the round, a launch reaches its
     server the profile's launch latency after it, and its abort latency holds back the end of a round that aborts."""
     profile = sglang_repredicted["profile"]
-    assert sglang_repredicted["args"]["engine"] == "sglang" and profile["abort_s"] > 0 and profile["launch_s"] > 0
+    assert sglang_repredicted["args"]["engine"] == "sglang" and profile["launch_s"] > 0
+    assert profile["abort_s"] > 0 and profile["abort_request_s"] > 0 and len(profile["fit"]["aborts"]) == 4
     assert_within(sglang_repredicted, SGLANG_ROUND_BOUND, SGLANG_RATIO_BOUND)
