@@ -52,6 +52,8 @@ def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
     (lambda d: d.update(max_running="64"), "max_running must be a finite number"),
     (lambda d: d.update(max_running=0), "max_running"),
     (lambda d: d.update(shared_prefill="yes"), "shared_prefill must be true or false"),
+    (lambda d: d.update(abort_request_s=-0.01), "abort_request_s must be a finite number >= 0"),
+    (lambda d: d.update(launch_s=float("nan")), "launch_s must be a finite number >= 0"),
 ])
 def test_a_bad_profile_is_one_error_naming_the_file_and_the_field(tmp_path, change, message):
     data = profile().to_dict()

@@ -42,6 +42,9 @@ from rollpacker.core.validators import non_negative_number, positive
 
 TERMS = ("run_overhead_s", "prefill_t1", "t0", "t1", "t2")
 """The fitted constants, in the order of `Run.features`."""
+NUMBERS = TERMS + ("abort_s", "abort_request_s", "launch_s", "step_s", "event_s", "admit_fraction", "max_running",
+                   "kv_capacity")
+"""A profile file's fields that must be finite numbers >= 0."""
 
 
 class ProfileError(ConfigError):
@@ -183,7 +186,7 @@ def load_profile(path: str | Path) -> EngineProfile:
     if missing or unknown:
         what = f"missing {', '.join(missing)}" if missing else f"unknown field {unknown[0]!r}"
         raise ProfileError(f"--engine-profile {path}: {what} (fields: {', '.join(sorted(names))})")
-    for name in TERMS + ("abort_s", "abort_request_s", "launch_s", "step_s", "event_s", "admit_fraction", "max_running", "kv_capacity"):
+    for name in NUMBERS:
         value = data.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
