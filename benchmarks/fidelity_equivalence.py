@@ -39,6 +39,8 @@ class Tost:
     differences: tuple[float, ...]
     margin: float = MARGIN
     alpha: float = ALPHA
+    planned: int = 0
+    """The pre-registered number of pairs: fewer is an interim look, worded without a verdict."""
 
     @property
     def n(self) -> int:
@@ -79,6 +81,8 @@ class Tost:
         low, high = self.interval()
         interval = f"{100 * (1 - 2 * self.alpha):.0f}% interval [{low:+.3f}, {high:+.3f}]"
         figures = f"mean paired difference {self.mean:+.3f} over {self.n} seed pair(s), {interval}, TOST p = {self.p_value():.3f}"
+        if self.n < self.planned:
+            return f"interim, {self.n} of {self.planned} pre-registered pairs: no verdict until all are in ({figures})"
         if self.equivalent:
             return f"equivalent within +-{self.margin:.2f} ({figures})"
         return f"equivalence within +-{self.margin:.2f} not shown ({figures})"
@@ -163,7 +167,7 @@ def section_lines(curves, setting: dict, steps: int, plot_path) -> list[str]:
         lines.append(f"**Warning**: the runs were scored on {len(sets)} different held-out sets ({sorted(map(str, sets))}).")
     for policy in sorted({p for p, _ in per_run} - {"sync"}):
         pairs = paired(per_run, policy)
-        test = Tost(tuple(d for _, d in pairs))
+        test = Tost(tuple(d for _, d in pairs), planned=len(setting.get("seeds", [])))
         each = ", ".join(f"seed {s} {d:+.3f}" for s, d in pairs)
         result = test.verdict() if test.n >= 2 else f"{test.n} complete pair(s): no test yet"
         lines.append(f"- **{policy} - sync**: {result}. Per seed: {each or 'none'}.")

@@ -89,3 +89,9 @@ def test_a_tost_setting_s_report_carries_the_design_and_its_plot(tmp_path):
     assert "**tail - sync**: equivalence within +-0.10 not shown" in text or "**tail - sync**: equivalent" in text
     assert "seed 0 +0.010, seed 1 -0.020" in text and "Control, sync seed 1 - sync seed 0: +0.100." in text
     assert (tmp_path / "f-equivalence.png").stat().st_size > 0 and "f-equivalence.png" in results.read_text()
+
+
+def test_fewer_pairs_than_pre_registered_is_an_interim_look_without_a_verdict():
+    interim = Tost((0.01, -0.01), planned=4)
+    assert interim.equivalent and interim.verdict().startswith("interim, 2 of 4 pre-registered pairs: no verdict")
+    assert Tost((0.01, -0.01, 0.0, 0.02), planned=4).verdict().startswith("equivalent within +-0.10")
