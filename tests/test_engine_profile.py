@@ -197,8 +197,8 @@ def test_a_launch_reaches_the_engine_the_profiles_launch_latency_later(tmp_path)
     assert [t + 0.25 for a, b, *_ in before for t in (a, b)] == pytest.approx([t for a, b, *_ in after for t in (a, b)])
 
 
-def test_a_request_aborted_before_it_reaches_the_engine_comes_back_with_nothing_and_is_placed_by_count():
-    """A launched request on its way in counts for placement and can be aborted there (no tokens); the others
+def test_a_request_aborted_before_it_reaches_the_engine_comes_back_with_nothing():
+    """A launched request on its way in can be aborted there (no tokens); the others
     join the queue at their arrival time, not before."""
     inst = Instance(index=0, cost=attrs.evolve(profile(), launch_s=0.5).cost(), max_running=8, watermark=0.0)
     for rid in "ab":
