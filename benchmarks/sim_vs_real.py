@@ -14,11 +14,12 @@ Four parts, all on this machine, one after another (nothing else should run besi
    (`rollpacker.sim.engine_profile`): the engine profile, written to `--out`/profile.json.
 2. **Fit the rest**: the trainer (`time_trainer`: forward and backward of micro-batches on a grid of
    rows, prompt and response tokens, and an optimizer step; `rollpacker.sim.stages.fit_train`); then a
-   short sync run of the reference trainer replaying the fit workload (`--fit-workload`, default
-   azure-conv), whose rounds, beside their prediction, give the engine time each decode step loses on the
-   live path (`EngineProfile.step_s`: the driver's thread shares the engine's interpreter and cores here;
-   on SGLang, whose trainer trains beside the rollout, the time each finished request costs instead,
-   `event_s`), and whose step records give the scorer's latency and the weight sync.
+   short run of the reference trainer replaying the fit workload (`--fit-workload`, default azure-conv;
+   `--fit-policy`, default sync), whose rounds, beside their prediction, give the live path's time a
+   launch (`EngineProfile.launch_s`, SGLang only), a decode step (`step_s`: the driver's thread shares the
+   engine's interpreter and cores here) and, from tail rounds, which differ in their finished requests, a
+   finished request (`event_s`; alone where the trainer trains beside the rollout), and whose step records
+   give the scorer's latency and the weight sync.
 3. **Measure**: for each policy and seed, the reference trainer's real path (`Session`: the core, the
    live driver, the real engine decoding real tokens, real reward workers, the real trainer, weights
    synced each step) with `--replay-lengths` on the check workload (`--workload`, default servegen-r1):
@@ -128,15 +129,17 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
                    micro_batch_tokens: int) -> EngineProfile:
     """The profile with the live path's extra time fitted on the fit run's rounds (beside their prediction
     without it), saved as `out`/profile.json: where training waits for the round (colocated), `launch_s` a
-    launch (the submission's way in and the last answer's way back, once a round) and `step_s` a decode step
-    (the driver sharing the engine's cores, once per engine step); `event_s` a finished request where the
-    trainer trains beside the rollout (its micro-batches follow the finished requests)."""
+    launch (the submission's way in and the last answer's way back, once a round), `step_s` a decode step
+    (the driver sharing the engine's cores, once per engine step) and, where the fit rounds differ in their
+    finished requests (`--fit-policy tail`), `event_s` a finished request; `event_s` alone where the trainer
+    trains beside the rollout (its micro-batches follow the finished requests)."""
     profile_path = out / "profile.json"
     instances = 2 if args.engine == "sglang" else 1
+    policy = fit_policy(args)
     guesses = []
-    for launch_s, step_s in ((0.0, 0.0), (PROBE_S, 0.0), (0.0, PROBE_S)):
-        attrs.evolve(profile, launch_s=launch_s, step_s=step_s, event_s=0.0).save(profile_path)
-        guess = predict(args, profile_path, "sync", 0, Workload(args.fit_workload, args.fit_scale_from),
+    for probe in ({}, {"launch_s": PROBE_S}, {"step_s": PROBE_S}, {"event_s": PROBE_S}):
+        attrs.evolve(profile, **{"launch_s": 0.0, "step_s": 0.0, "event_s": 0.0, **probe}).save(profile_path)
+        guess = predict(args, profile_path, policy, 0, Workload(args.fit_workload, args.fit_scale_from),
                         len(fit_records), stages, micro_batch_tokens, instances)
         guesses.append([g["rollout_s"] for g in guess[1:]])
     measured = [r["rollout_s"] for r in fit_records[1:]]
@@ -144,12 +147,19 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
         profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
             list(zip(measured, map(finished, fit_records[1:]))), guesses[0]))
     else:
-        launches, steps = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)] for g in guesses[1:])
+        launches, steps, events = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)] for g in guesses[1:])
         if args.engine != "sglang":  # the embedded engine is called in-process: no submission path to pay
             launches = [0.0] * len(launches)
-        profile = attrs.evolve(profile, event_s=0.0, **fit_live_terms(measured, guesses[0], launches, steps))
+        varied = len({finished(r) for r in fit_records[1:]}) > 1
+        live = fit_live_terms(measured, guesses[0], launches, steps, events if varied else None)
+        profile = attrs.evolve(profile, **{"event_s": 0.0, **live})
     profile.save(profile_path)
     return profile
+
+
+def fit_policy(args) -> str:
+    """The fit run's policy (a result measured before --fit-policy existed used sync)."""
+    return getattr(args, "fit_policy", None) or "sync"
 
 
 def finished(record: dict) -> int:
@@ -157,9 +167,15 @@ def finished(record: dict) -> int:
     return sum(1 for q in record["requests"] if q[2] != "abort")
 
 
+def fit_round(record: dict) -> dict:
+    """What the live terms' fit reads of a fit run's step record (kept in the result)."""
+    return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]]}
+
+
 def refit(result: dict, out: Path) -> dict:
     """`result` with its profile fitted again by this tree's model from its own measurements: the calibration
-    grid it kept and the fit run's step records in `out`/fit (after a change to the latency model's terms)."""
+    grid it kept and the fit run's rounds it kept (a result measured before they were kept: the fit run's step
+    records in `out`/fit), after a change to the latency model's terms."""
     args = argparse.Namespace(**result["args"])
     old = EngineProfile(**result["profile"])
     runs = [Run(*r) for r in old.fit["runs"]]
@@ -167,7 +183,8 @@ def refit(result: dict, out: Path) -> dict:
                           max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
                           abort_request_s=old.abort_request_s, aborts=old.fit.get("aborts"),
                           admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args))
-    records = [json.loads(line) for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
+    records = result.get("fit_rounds") or [fit_round(json.loads(line))
+                                           for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
     profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,
                            result["stages"], result["micro_batch_tokens"])
     return {**result, "profile": profile.to_dict(), "refit": True}
@@ -251,7 +268,7 @@ def run(args) -> dict:
     try:
         profile = calibrate(args, out, urls)
         fit = Workload(args.fit_workload, args.fit_scale_from)
-        fit_records, tokens = real_run(args, "sync", 0, fit, args.fit_steps, out / "fit", urls)
+        fit_records, tokens = real_run(args, fit_policy(args), 0, fit, args.fit_steps, out / "fit", urls)
         stages = calibrate_trainer(args, tokens)
         stages |= {"reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in fit_records[1:]), 1e-4),
                    "optimizer_s": stages["optimizer_s"] + statistics.median(r["sync_s"] for r in fit_records[1:])}
@@ -270,7 +287,7 @@ def run(args) -> dict:
             servers.__exit__(None, None, None)
     result = {"args": vars(args), "command": " ".join(sys.argv[1:]), "machine": machine(),
               "date": time.strftime("%Y-%m-%d"), "profile": profile.to_dict(), "stages": stages,
-              "micro_batch_tokens": tokens, "runs": runs}
+              "micro_batch_tokens": tokens, "fit_rounds": [fit_round(r) for r in fit_records], "runs": runs}
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -306,6 +323,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "share of a decode step (step_s) and the scorer's latency")
     ap.add_argument("--fit-scale-from", type=int, default=1000, help="fit workload's trace tokens that map to "
                     "--max-tokens (azure-conv's cap is 1000)")
+    ap.add_argument("--fit-policy", choices=("sync", "tail"), default="sync", help="the fit run's policy: tail "
+                    "rounds differ in their finished requests (short and long rounds), so a finished request's "
+                    "live cost (event_s) is fitted beside a launch's and a decode step's; sync: those two only")
     ap.add_argument("--train-beside", action="store_true", help="train beside the rollout, on the engine's cores "
                     "(the live term is then fitted per finished request); default: after the round")
     ap.add_argument("--policies", default="sync,tail,sorted")

@@ -16,8 +16,8 @@ def profile_line(p: EngineProfile) -> str:
             f"prefill {p.prefill_t1 * 1e6:.1f} us/token + t0 "
             + ("(a prompt once for its samples admitted together)" if p.shared_prefill else "(each request its own)")
             + f", run overhead {p.run_overhead_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms + {p.abort_request_s * 1e3:.1f} ms a request caught, "
-            + (f"live path {p.event_s * 1e3:.2f} ms a finished request" if p.event_s else
-             f"live path {p.launch_s * 1e3:.1f} ms a launch + {p.step_s * 1e3:.2f} ms a decode step") + "; "
+            + f"live path {p.launch_s * 1e3:.1f} ms a launch + {p.step_s * 1e3:.2f} ms a decode step + "
+            f"{p.event_s * 1e3:.2f} ms a finished request; "
             f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")
 
 
@@ -86,7 +86,8 @@ def report(result: dict) -> str:
              f"out), training {training(a)}." + (" The profile and every prediction were made again from these "
              "measurements (`--report DIR --refit`) after the latency model's terms were fixed." if result.get("refit")
              else ""), "",
-             f"Profile (decode and prefill fitted on the calibration grid, the live path's term on the fit workload's sync run): "
+             f"Profile (decode and prefill fitted on the calibration grid, the live path's terms on the fit workload's "
+             f"{getattr(a, 'fit_policy', None) or 'sync'} run): "
              f"{profile_line(EngineProfile(**result['profile']))}.",
              "Other stages (the trainer calibrated on its own grid; the scorer's latency and the weight sync from the "
              "fit run): " + ", ".join(f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",

@@ -111,6 +111,18 @@ def test_the_live_terms_are_fitted_per_launch_and_per_decode_step_of_the_live_ro
     assert fit_live_terms([1.15, 2.3], [1.0, 2.0], [0, 0], [50, 100]) == pytest.approx({"launch_s": 0, "step_s": 0.003})
 
 
+
+def test_a_finished_requests_live_cost_is_fitted_where_the_rounds_differ_in_finished_requests():
+    """Rounds with 25, 12, 16 and 20 finished requests on their path, each 0.05 s (a launch) + 2 ms a step +
+    20 ms a finished request slower than predicted without them: all three found; without the events column
+    the same rounds give only the other two."""
+    launches, steps, events = [1, 1, 1, 1], [20, 60, 64, 30], [25, 12, 16, 20]
+    without = [0.5, 1.5, 1.6, 0.8]
+    measured = [w + 0.05 + 0.002 * n + 0.02 * e for w, n, e in zip(without, steps, events)]
+    fitted = fit_live_terms(measured, without, launches, steps, events)
+    assert fitted == pytest.approx({"launch_s": 0.05, "step_s": 0.002, "event_s": 0.02})
+    assert set(fit_live_terms(measured, without, launches, steps)) == {"launch_s", "step_s"}
+
 def run_sync(tmp_path, fitted, lengths, samples) -> tuple[dict, list]:
     """One sync step of one prompt with `samples` samples of `lengths` on one instance of `fitted`: its
     record and the instance's intervals (start, end, running, kind)."""

@@ -102,8 +102,10 @@ class EngineProfile:
     event_s: float = field(default=0.0, validator=non_negative_number)
     """Engine seconds lost to each request that finishes (aborts are not charged): fitted (`fit_event_s`)
     instead of `step_s` where the trainer trains beside the rollout on the engine's cores (its micro-batches
-    follow the finished requests); 0 where training waits for the round's end (colocated), whose rounds'
-    extra cost grows with their decode steps, not their finished requests."""
+    follow the finished requests); where training waits for the round's end, fitted with `launch_s` and
+    `step_s` when the fit run's rounds differ in their finished requests (a tail fit run: on SGLang here, the
+    finished request's way back, its reward job and its queued successor's admission, all on shared cores),
+    else 0."""
     max_running: int = field(validator=positive)
     """Requests the engine decodes at once."""
     admit_fraction: float = field(default=0.0, validator=non_negative_number)
@@ -243,13 +245,18 @@ def fit_abort(aborts: list[tuple[int, float]]) -> dict:
     return {**values, "aborts": list(aborts)}
 
 
-def fit_live_terms(measured: list[float], without: list[float], launches: list[float], steps: list[float]) -> dict:
-    """`EngineProfile.launch_s` and `step_s` from rounds of a run of the whole rollout path: their measured rollout
-    seconds, the seconds predicted without either, and what a second more of each adds to each predicted round
-    (`launches`: its launch waits on the round's path, 1 where every launch is at the round's start; `steps`: its
-    decode steps); the least squares of the rounds' unexplained seconds, both >= 0."""
-    return fit_linear([[a, n] for a, n in zip(launches, steps)], [m - w for m, w in zip(measured, without)],
-                      ("launch_s", "step_s"), relative=False)
+def fit_live_terms(measured: list[float], without: list[float], launches: list[float], steps: list[float],
+                   events: list[float] | None = None) -> dict:
+    """`EngineProfile.launch_s` and `step_s` (and `event_s`, given `events`) from rounds of a run of the whole
+    rollout path: their measured rollout seconds, the seconds predicted without any, and what a second more of
+    each adds to each predicted round (`launches`: its launch waits on the round's path, 1 where every launch is
+    at the round's start; `steps`: its decode steps; `events`: its finished requests on the round's path); the
+    least squares of the rounds' unexplained seconds, all >= 0.  `events` only where the fit rounds differ in
+    their finished requests: where every round finishes as many, a finished request's cost is a launch's."""
+    columns = [launches, steps] + ([events] if events is not None else [])
+    names = ("launch_s", "step_s") + (("event_s",) if events is not None else ())
+    return fit_linear([list(row) for row in zip(*columns)], [m - w for m, w in zip(measured, without)], names,
+                      relative=False)
 
 
 def fit_event_s(measured: list[tuple[float, int]], predicted: list[float]) -> float:
