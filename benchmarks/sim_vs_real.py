@@ -61,7 +61,7 @@ from sim_vs_real_report import headline, profile_line, report, round_rows, strea
 from rollpacker.core import BatcherConfig  # noqa: E402
 from rollpacker.sim.config import SimConfig  # noqa: E402
 from rollpacker.sim.constants import SimConstants  # noqa: E402
-from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_live_terms, fit_profile  # noqa: E402
+from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_live_terms, fit_profile, fit_return_s  # noqa: E402
 from rollpacker.sim.simulation import Simulation  # noqa: E402
 
 SECTION = "Simulator against real engines"
@@ -131,30 +131,46 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
     without it), saved as `out`/profile.json: where training waits for the round (colocated), `launch_s` a
     launch (the submission's way in and the last answer's way back, once a round), `step_s` a decode step
     (the driver sharing the engine's cores, once per engine step) and, where the fit rounds differ in their
-    finished requests (`--fit-policy tail`), `event_s` a finished request; `event_s` alone where the trainer
-    trains beside the rollout (its micro-batches follow the finished requests)."""
-    profile_path = out / "profile.json"
-    instances = 2 if args.engine == "sglang" else 1
-    policy = fit_policy(args)
-    guesses = []
-    for probe in ({}, {"launch_s": PROBE_S}, {"step_s": PROBE_S}, {"event_s": PROBE_S}):
-        attrs.evolve(profile, **{"launch_s": 0.0, "step_s": 0.0, "event_s": 0.0, **probe}).save(profile_path)
-        guess = predict(args, profile_path, policy, 0, Workload(args.fit_workload, args.fit_scale_from),
-                        len(fit_records), stages, micro_batch_tokens, instances)
-        guesses.append([g["rollout_s"] for g in guess[1:]])
+    finished requests (`--fit-policy tail`), `event_s` a finished request and, on SGLang, `return_s` an answer's
+    way back (from the rounds' generated tokens: the requests decode on while an answer is on its way; the
+    time terms are fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
+    micro-batches follow the finished requests)."""
+    def fit(candidate: EngineProfile) -> list[dict]:  # the fit run's steps, predicted with `candidate`
+        return predict(args, out / "profile.json", fit_policy(args), 0, Workload(args.fit_workload, args.fit_scale_from),
+                       len(fit_records), stages, micro_batch_tokens, 2 if args.engine == "sglang" else 1, candidate)
+
     measured = [r["rollout_s"] for r in fit_records[1:]]
     if streams_training(args):
+        plain = [g["rollout_s"] for g in fit(attrs.evolve(profile, launch_s=0.0, step_s=0.0, event_s=0.0))[1:]]
         profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
-            list(zip(measured, map(finished, fit_records[1:]))), guesses[0]))
+            list(zip(measured, map(finished, fit_records[1:]))), plain))
     else:
-        launches, steps, events = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)] for g in guesses[1:])
-        if args.engine != "sglang":  # the embedded engine is called in-process: no submission path to pay
-            launches = [0.0] * len(launches)
         varied = len({finished(r) for r in fit_records[1:]}) > 1
-        live = fit_live_terms(measured, guesses[0], launches, steps, events if varied else None)
-        profile = attrs.evolve(profile, **{"event_s": 0.0, **live})
-    profile.save(profile_path)
+        profile = fit_time_terms(args, profile, fit, measured, varied)
+        if varied and args.engine == "sglang":
+            tokens = {c: [g["generated_tokens"] for g in fit(attrs.evolve(profile, return_s=c))[1:]] for c in RETURNS}
+            returned = fit_return_s([sum(q[1] for q in r["requests"]) for r in fit_records[1:]], tokens)
+            profile = fit_time_terms(args, attrs.evolve(profile, return_s=returned), fit, measured, varied)
+    profile.save(out / "profile.json")
     return profile
+
+
+RETURNS = tuple(i * 0.01 for i in range(16))
+"""The answer's way back (`return_s`) tried against the fit rounds' generated tokens: 0-150 ms."""
+
+
+def fit_time_terms(args, profile: EngineProfile, fit, measured: list[float], varied: bool) -> EngineProfile:
+    """`profile` with `launch_s`, `step_s` (and `event_s` where `varied`) fitted by least squares on the fit
+    rounds' `measured` rollout seconds, from `fit`'s predictions with none and with a probe of each."""
+    guesses = []
+    for probe in ({}, {"launch_s": PROBE_S}, {"step_s": PROBE_S}, {"event_s": PROBE_S}):
+        guess = fit(attrs.evolve(profile, **{"launch_s": 0.0, "step_s": 0.0, "event_s": 0.0, **probe}))
+        guesses.append([g["rollout_s"] for g in guess[1:]])
+    launches, steps, events = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)] for g in guesses[1:])
+    if args.engine != "sglang":  # the embedded engine is called in-process: no submission path to pay
+        launches = [0.0] * len(launches)
+    live = fit_live_terms(measured, guesses[0], launches, steps, events if varied else None)
+    return attrs.evolve(profile, **{"event_s": 0.0, **live})
 
 
 def fit_policy(args) -> str:
@@ -206,9 +222,12 @@ def sim_constants(stages: dict, stream: bool = False) -> SimConstants:
 # -- prediction -----------------------------------------------------------------------------------------
 
 def predict(args, profile_path: Path, policy: str, seed: int, workload: Workload, steps: int, stages: dict,
-            micro_batch_tokens: int, instances: int) -> list[dict]:
-    """Part 4: the simulator's steps of the same run."""
+            micro_batch_tokens: int, instances: int, profile: EngineProfile | None = None) -> list[dict]:
+    """Part 4: the simulator's steps of the same run (with `profile` saved as `profile_path` first, if given)."""
     from rollpacker.train.replay import ReplayOptions
+
+    if profile is not None:
+        profile.save(profile_path)
 
     config = SimConfig(workload=workload.name, policy=policy, prompts=args.prompts, samples=args.samples,
                        max_tokens=args.max_tokens, steps=steps, seed=seed, instances=instances,

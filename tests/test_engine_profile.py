@@ -11,7 +11,8 @@ import pytest
 from rollpacker.sim.cli import main as simulate
 from rollpacker.sim.config import SimConfig
 from rollpacker.sim.engine import Instance, SimRequest
-from rollpacker.sim.engine_profile import TERMS, ProfileError, Run, fit_abort, fit_live_terms, fit_profile, load_profile
+from rollpacker.sim.engine_profile import (TERMS, ProfileError, Run, fit_abort, fit_live_terms, fit_profile, fit_return_s,
+                                          load_profile)
 from rollpacker.sim.simulation import Simulation
 
 TRUE = {"run_overhead_s": 0.012, "prefill_t1": 9e-6, "t0": 0.0035, "t1": 0.0005, "t2": 2e-7}
@@ -54,6 +55,7 @@ def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
     (lambda d: d.update(shared_prefill="yes"), "shared_prefill must be true or false"),
     (lambda d: d.update(abort_request_s=-0.01), "abort_request_s must be a finite number >= 0"),
     (lambda d: d.update(launch_s=float("nan")), "launch_s must be a finite number >= 0"),
+    (lambda d: d.update(return_s=-0.04), "return_s must be a finite number >= 0"),
 ])
 def test_a_bad_profile_is_one_error_naming_the_file_and_the_field(tmp_path, change, message):
     data = profile().to_dict()
@@ -207,6 +209,42 @@ def test_a_launch_reaches_the_engine_the_profiles_launch_latency_later(tmp_path)
     assert late["rollout_s"] == pytest.approx(plain["rollout_s"] + 0.25, rel=1e-9)
     assert [(n, kind) for _, _, n, kind in before] == [(n, kind) for _, _, n, kind in after]
     assert [t + 0.25 for a, b, *_ in before for t in (a, b)] == pytest.approx([t for a, b, *_ in after for t in (a, b)])
+
+
+def test_an_answers_way_back_delays_the_round_not_the_engine(tmp_path):
+    """return_s (the answer's way back, fitted on a live run): the engine runs exactly as before, its rows free
+    at each finish; the driver learns of the last finish, so the sync round ends, return_s later."""
+    plain, before = run_sync(tmp_path, profile(), [40, 80, 120], 3)
+    late, after = run_sync(tmp_path, attrs.evolve(profile(), return_s=0.25), [40, 80, 120], 3)
+    assert late["rollout_s"] == pytest.approx(plain["rollout_s"] + 0.25, rel=1e-9)
+    assert after == before
+
+
+def tail_round(tmp_path, **terms) -> dict:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": f"p{i}", "lengths": [20, 30, 40, 400]}) + "\n" for i in range(8)))
+    attrs.evolve(profile(), **terms).save(tmp_path / "p.json")
+    config = SimConfig(workload=str(workload), policy="tail", prompts=2, samples=4, max_tokens=512, steps=1,
+                       instances=1, engine_profile=str(tmp_path / "p.json"), dataset_prompts=8)
+    return Simulation(config).run()["steps"][0]
+
+
+def test_while_an_answer_is_on_its_way_back_the_tail_decodes_on(tmp_path):
+    """A tail round aborts once the driver has the answers it waits for: return_s later, the aborted requests
+    have decoded that much further (more tokens wasted), the same tokens kept; a launch latency instead shifts
+    the whole round and wastes no more."""
+    plain, back, launched = (tail_round(tmp_path, **terms) for terms in ({}, {"return_s": 0.05}, {"launch_s": 0.05}))
+    assert plain["round"] == "short" and plain["wasted_tokens"] > 0, "the case under test: a tail was aborted"
+    assert back["kept_tokens"] == plain["kept_tokens"] and back["wasted_tokens"] > plain["wasted_tokens"]
+    assert back["generated_tokens"] - plain["generated_tokens"] == back["wasted_tokens"] - plain["wasted_tokens"]
+    assert (launched["generated_tokens"], launched["wasted_tokens"]) == (plain["generated_tokens"], plain["wasted_tokens"])
+
+
+def test_the_answers_way_back_is_the_candidate_whose_tokens_match_the_rounds():
+    predicted = {0.0: [100, 200, 50], 0.02: [110, 215, 50], 0.04: [120, 230, 50], 0.06: [130, 245, 50]}
+    assert fit_return_s([121, 228, 50], predicted) == 0.04
+    assert fit_return_s([90, 180, 50], predicted) == 0.0
+    assert fit_return_s([100, 200], {0.06: [100, 200], 0.0: [100, 200]}) == 0.0, "the tokens never tell: 0"
 
 
 def test_a_request_aborted_before_it_reaches_the_engine_comes_back_with_nothing():

@@ -181,6 +181,12 @@ class CostModel:
         return 0.0
 
     @property
+    def return_s(self) -> float:
+        """Seconds from a request finishing on the engine to the driver having its answer: none (an assumption:
+        milliseconds beside a 16k-32k round); an engine profile states what a live run measured."""
+        return 0.0
+
+    @property
     def shared_prefill(self) -> bool:
         """Each request prefills its own prompt, its siblings' too (an assumption: an engine whose prefix
         cache or batched prefill shares a group's prompt prefills less; at 16k-32k responses a small share

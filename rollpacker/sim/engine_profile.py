@@ -42,7 +42,7 @@ from rollpacker.core.validators import non_negative_number, positive
 
 TERMS = ("run_overhead_s", "prefill_t1", "t0", "t1", "t2")
 """The fitted constants, in the order of `Run.features`."""
-NUMBERS = TERMS + ("abort_s", "abort_request_s", "launch_s", "step_s", "event_s", "admit_fraction", "max_running",
+NUMBERS = TERMS + ("abort_s", "abort_request_s", "launch_s", "return_s", "step_s", "event_s", "admit_fraction", "max_running",
                    "kv_capacity")
 """A profile file's fields that must be finite numbers >= 0."""
 
@@ -93,6 +93,11 @@ class EngineProfile:
     in (HTTP, the server's front end and queue) and, as a live round pays it once, the last answer's way back;
     fitted with `step_s` on a run of the whole rollout path (`fit_live_terms`), 0 from the grid alone.  The
     simulator queues a launched request on its instance that long after the launch."""
+    return_s: float = field(default=0.0, validator=non_negative_number)
+    """Seconds from the engine finishing a request to the driver having its answer, on the live rollout path
+    (the answer's way back: the server's detokenizer and front end, HTTP): the engine's row is free at once,
+    the round's decisions (a group complete, the tail's abort, a refill) wait for it while the other requests
+    decode on.  Fitted on a run's wasted tokens (`fit_return_s`), 0 from the grid alone."""
     step_s: float = field(default=0.0, validator=non_negative_number)
     """Engine seconds each decode step loses on the live rollout path beyond the calibration grid's: the
     driver's thread (the core's events, the token store, reward staging) sharing the engine's interpreter
@@ -126,7 +131,8 @@ class EngineProfile:
         return ProfileCost(t0=self.t0 + self.step_s, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
                            admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill,
-                           abort_s=self.abort_s, abort_request_s=self.abort_request_s, launch_s=self.launch_s)
+                           abort_s=self.abort_s, abort_request_s=self.abort_request_s, launch_s=self.launch_s,
+                           return_s=self.return_s)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -155,6 +161,7 @@ class ProfileCost:
     abort_s: float = 0.0
     abort_request_s: float = 0.0
     launch_s: float = 0.0
+    return_s: float = 0.0
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:
@@ -265,3 +272,10 @@ def fit_event_s(measured: list[tuple[float, int]], predicted: list[float]) -> fl
     unexplained seconds per finished request, >= 0."""
     per_request = [(seconds - guess) / ended for (seconds, ended), guess in zip(measured, predicted) if ended]
     return max(0.0, float(np.median(per_request))) if per_request else 0.0
+
+
+def fit_return_s(measured: list[int], predicted: dict[float, list[int]]) -> float:
+    """`EngineProfile.return_s` from rounds of a run of the whole rollout path: their measured generated tokens
+    beside those predicted with each candidate (candidate -> the rounds' tokens); the candidate of the least
+    squared difference, the smallest of equals (0 where the tokens never tell: every request runs to its end)."""
+    return min(sorted(predicted), key=lambda c: sum((m - p) ** 2 for m, p in zip(measured, predicted[c])))

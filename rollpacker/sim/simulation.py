@@ -6,7 +6,7 @@ same `rollpacker.driver.Driver` runs it, on a `VirtualClock` that only the simul
     result = sim.run()        # {"config": {...}, "steps": [...], "total": {...}}
 
 Event sources, all on one heap keyed by time: instance wake-ups (a request reaches its length, or the
-KV pool fills), launches reaching their instance and abort replies (an engine profile's latencies),
+KV pool fills), launches reaching their instance and answers on their way back (an engine profile's latencies),
 scorer answers and reward deadlines.  Answers that happen "now" go through an inbox drained before
 the clock moves.  Training is a single resource whose busy time is computed as micro-batches arrive;
 it holds the optimizer step.
@@ -34,7 +34,7 @@ from .siblings import SiblingTexts
 from .stages import RewardModel, TrainModel
 from .workloads import MAX_PROMPT_TOKENS, Workload, load_workload
 
-WAKE, SCORED, DEADLINE, HEDGE, ABORTED, ARRIVED = range(6)
+WAKE, SCORED, DEADLINE, HEDGE, ANSWERED, ARRIVED = range(6)
 
 
 class Simulation(NoticeObserver):
@@ -183,7 +183,7 @@ class Simulation(NoticeObserver):
             return [DeadlinePassed()]
         if kind == HEDGE:
             return [HedgeDue()]
-        if kind == ABORTED:
+        if kind == ANSWERED:
             return [payload]
         if kind == ARRIVED:  # a launch reached its instance (`cost.launch_s` after it)
             payload.arrive(self.now)
@@ -194,7 +194,8 @@ class Simulation(NoticeObserver):
             for req in inst.wake(self.now):
                 self._ended(req.rid, finished=True)
                 self.meter.finished(self.now)
-                self.inbox.append(events.RequestFinished(req.rid, req.target, req.reason, self.now))
+                back = self.now + inst.cost.return_s  # (the engine's row is free now, the driver knows then)
+                self._answer(back, events.RequestFinished(req.rid, req.target, req.reason, back))
             self.dirty.add(inst.index)
         return []  # the finished requests are answered from the inbox, one per wait
 
@@ -342,14 +343,13 @@ class Simulation(NoticeObserver):
             self.inbox.append(events.RequestFinished(rid, req.target, req.reason, self.now))
         else:
             self.meter.aborted(inst.index, self.now, req.generated)
-            self._answer_abort(inst, rid, req.generated, caught[inst.index])
+            at = self.now + inst.cost.abort_latency(caught[inst.index])  # (growing with the requests one call catches)
+            self._answer(at, events.RequestAborted(rid, req.generated, at))
 
-    def _answer_abort(self, inst: Instance, rid: str, generated: int, caught: int) -> None:
-        """The abort's result reaches the driver an engine profile's measured latency after it (which grows with
-        the `caught` requests of one abort call on `inst`); at once where it is 0."""
-        if (latency := inst.cost.abort_latency(caught)) <= 0:
-            return self.inbox.append(events.RequestAborted(rid, generated, self.now))
-        self._push(self.now + latency, ABORTED, events.RequestAborted(rid, generated, self.now + latency))
+    def _answer(self, at: float, event) -> None:
+        """`event` (a request's end) reaches the driver at `at`, an engine profile's latency after it: through the
+        inbox where that is now."""
+        self.inbox.append(event) if at <= self.now else self._push(at, ANSWERED, event)
 
     def _train(self, cmd: commands.TrainMicroBatch) -> None:
         width = max(self.workload.prompt_tokens(ref.sample.prompt.index) + ref.sample.num_tokens for ref in cmd.samples)
