@@ -128,29 +128,26 @@ round's decode steps and its launch waits."""
 def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
                    micro_batch_tokens: int) -> EngineProfile:
     """The profile with the live path's extra time fitted on the fit run's rounds (beside their prediction
-    without it), saved as `out`/profile.json: where training waits for the round (colocated), `launch_s` a
-    launch (the submission's way in and the last answer's way back, once a round), `step_s` a decode step
-    (the driver sharing the engine's cores, once per engine step) and, where the fit rounds differ in their
-    finished requests (`--fit-policy tail`), `event_s` a finished request and, on SGLang, `return_s` an answer's
-    way back (from the rounds' generated tokens: the requests decode on while an answer is on its way; the
-    time terms are fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
+    without it), saved as `out`/profile.json: where training waits for the round (colocated), `fit_time_terms`
+    and, on SGLang where the fit rounds differ in their finished requests (`--fit-policy tail`), `return_s` an
+    answer's way back, from the rounds' generated tokens (the requests decode on while an answer travels; the
+    time terms fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
     micro-batches follow the finished requests)."""
     def fit(candidate: EngineProfile) -> list[dict]:  # the fit run's steps, predicted with `candidate`
         return predict(args, out / "profile.json", fit_policy(args), 0, Workload(args.fit_workload, args.fit_scale_from),
                        len(fit_records), stages, micro_batch_tokens, 2 if args.engine == "sglang" else 1, candidate)
 
-    measured = [r["rollout_s"] for r in fit_records[1:]]
+    measured, rounds = [r["rollout_s"] for r in fit_records[1:]], fit_records[1:]
     if streams_training(args):
         plain = [g["rollout_s"] for g in fit(attrs.evolve(profile, launch_s=0.0, step_s=0.0, event_s=0.0))[1:]]
         profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
-            list(zip(measured, map(finished, fit_records[1:]))), plain))
+            list(zip(measured, map(finished, rounds))), plain))
     else:
-        varied = len({finished(r) for r in fit_records[1:]}) > 1
-        profile = fit_time_terms(args, profile, fit, measured, varied)
-        if varied and args.engine == "sglang":
+        profile = fit_time_terms(args, profile, fit, measured, rounds)
+        if args.engine == "sglang" and len({finished(r) for r in rounds}) > 1:
             tokens = {c: [g["generated_tokens"] for g in fit(attrs.evolve(profile, return_s=c))[1:]] for c in RETURNS}
-            returned = fit_return_s([sum(q[1] for q in r["requests"]) for r in fit_records[1:]], tokens)
-            profile = fit_time_terms(args, attrs.evolve(profile, return_s=returned), fit, measured, varied)
+            returned = fit_return_s([sum(q[1] for q in r["requests"]) for r in rounds], tokens)
+            profile = fit_time_terms(args, attrs.evolve(profile, return_s=returned), fit, measured, rounds)
     profile.save(out / "profile.json")
     return profile
 
@@ -159,18 +156,22 @@ RETURNS = tuple(i * 0.01 for i in range(16))
 """The answer's way back (`return_s`) tried against the fit rounds' generated tokens: 0-150 ms."""
 
 
-def fit_time_terms(args, profile: EngineProfile, fit, measured: list[float], varied: bool) -> EngineProfile:
-    """`profile` with `launch_s`, `step_s` (and `event_s` where `varied`) fitted by least squares on the fit
-    rounds' `measured` rollout seconds, from `fit`'s predictions with none and with a probe of each."""
-    guesses = []
-    for probe in ({}, {"launch_s": PROBE_S}, {"step_s": PROBE_S}, {"event_s": PROBE_S}):
-        guess = fit(attrs.evolve(profile, **{"launch_s": 0.0, "step_s": 0.0, "event_s": 0.0, **probe}))
-        guesses.append([g["rollout_s"] for g in guess[1:]])
-    launches, steps, events = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)] for g in guesses[1:])
-    if args.engine != "sglang":  # the embedded engine is called in-process: no submission path to pay
-        launches = [0.0] * len(launches)
-    live = fit_live_terms(measured, guesses[0], launches, steps, events if varied else None)
-    return attrs.evolve(profile, **{"event_s": 0.0, **live})
+def fit_time_terms(args, profile: EngineProfile, fit, measured: list[float], rounds: list[dict]) -> EngineProfile:
+    """`profile` with the live terms fitted by least squares on the fit `rounds`' `measured` rollout seconds, from
+    `fit`'s predictions with none and with a probe of each: `launch_s` a launch (SGLang: the submission's way in),
+    `step_s` a decode step (the driver sharing the engine's cores) and, where the rounds differ in their finished
+    requests, `event_s` a finished request, and on SGLang where they differ in their launches, `submit_s` a
+    launched request."""
+    guesses, zero = [], {"launch_s": 0.0, "step_s": 0.0, "event_s": 0.0, "submit_s": 0.0}
+    for probe in ({}, *({term: PROBE_S} for term in zero)):
+        guesses.append([g["rollout_s"] for g in fit(attrs.evolve(profile, **{**zero, **probe}))[1:]])
+    launches, steps, events, submits = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)]
+                                        for g in guesses[1:])
+    sglang = args.engine == "sglang"  # (the embedded engine is called in-process: no submission path to pay)
+    live = fit_live_terms(measured, guesses[0], launches if sglang else [0.0] * len(launches), steps,
+                          events if len({finished(r) for r in rounds}) > 1 else None,
+                          submits if sglang and len({len(r["requests"]) for r in rounds}) > 1 else None)
+    return attrs.evolve(profile, **{**zero, **live})
 
 
 def fit_policy(args) -> str:

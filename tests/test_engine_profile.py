@@ -56,6 +56,7 @@ def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
     (lambda d: d.update(abort_request_s=-0.01), "abort_request_s must be a finite number >= 0"),
     (lambda d: d.update(launch_s=float("nan")), "launch_s must be a finite number >= 0"),
     (lambda d: d.update(return_s=-0.04), "return_s must be a finite number >= 0"),
+    (lambda d: d.update(submit_s="7 ms"), "submit_s must be a finite number >= 0"),
 ])
 def test_a_bad_profile_is_one_error_naming_the_file_and_the_field(tmp_path, change, message):
     data = profile().to_dict()
@@ -238,6 +239,32 @@ def test_while_an_answer_is_on_its_way_back_the_tail_decodes_on(tmp_path):
     assert back["kept_tokens"] == plain["kept_tokens"] and back["wasted_tokens"] > plain["wasted_tokens"]
     assert back["generated_tokens"] - plain["generated_tokens"] == back["wasted_tokens"] - plain["wasted_tokens"]
     assert (launched["generated_tokens"], launched["wasted_tokens"]) == (plain["generated_tokens"], plain["wasted_tokens"])
+
+
+def test_each_launched_request_costs_the_engine_submit_s_once_it_reaches_it(tmp_path):
+    """submit_s (a launch's handling on cores the engine shares, fitted on a live run): a sync round of 3 launches
+    ends 3 x submit_s later, spent by the engine before it prefills; with a launch latency, on arrival."""
+    plain, _ = run_sync(tmp_path, profile(), [40, 80, 120], 3)
+    charged, intervals = run_sync(tmp_path, attrs.evolve(profile(), submit_s=0.01), [40, 80, 120], 3)
+    assert charged["rollout_s"] == pytest.approx(plain["rollout_s"] + 3 * 0.01, rel=1e-9)
+    assert sum(b - a for a, b, _, kind in intervals if kind == "submit") == pytest.approx(0.03)
+    late, _ = run_sync(tmp_path, attrs.evolve(profile(), submit_s=0.01, launch_s=0.25), [40, 80, 120], 3)
+    assert late["rollout_s"] == pytest.approx(plain["rollout_s"] + 0.25 + 3 * 0.01, rel=1e-9)
+
+
+def test_a_request_moved_between_instances_is_not_charged_a_submission():
+    inst = Instance(index=0, cost=attrs.evolve(profile(), submit_s=0.01).cost(), max_running=8, watermark=0.0)
+    inst.submit(SimRequest("moved", 10, 10, "stop"), 0.0)
+    assert inst.time == 0.0
+    inst.submit(SimRequest("launched", 10, 10, "stop"), 0.0, arrives=0.0)
+    assert inst.time == pytest.approx(0.01)
+
+
+def test_a_launched_requests_cost_is_fitted_where_the_rounds_differ_in_launches():
+    without, launches, steps, submits = [0.5, 1.5, 1.6, 0.8], [1, 1, 1, 1], [20, 90, 80, 30], [25, 16, 25, 34]
+    measured = [w + 0.02 + 0.002 * n + 0.007 * k for w, n, k in zip(without, steps, submits)]
+    fitted = fit_live_terms(measured, without, launches, steps, submits=submits)
+    assert fitted == pytest.approx({"launch_s": 0.02, "step_s": 0.002, "submit_s": 0.007})
 
 
 def test_the_answers_way_back_is_the_candidate_whose_tokens_match_the_rounds():

@@ -49,16 +49,19 @@ SGLANG_RATIO_BOUND = {"tail": 0.05, "sorted": 0.10}
 (`abort_request_s`), SortedRL's ratio misses it (+11.8%)."""
 
 SGLANG_TAILFIT = ROOT / "benchmarks" / "sim_vs_real" / "sglang-tiny-tailfit.json"
-SGLANG_TAILFIT_ROUND_BOUND = {"sync": 0.15, "tail": 0.13, "sorted": 0.18}
+SGLANG_TAILFIT_ROUND_BOUND = {"sync": 0.16, "tail": 0.13, "sorted": 0.19}
 """The same engine and sizes measured again (5 seeds, 8 steps) with the live terms fitted on a tail run of the fit
-workload (`--fit-policy tail`), the answer's way back (`return_s`) with them: rounds sync 4.0-13.6%, tail
-3.4-12.3%, SortedRL 3.1-17.3%."""
-SGLANG_TAILFIT_RATIO_BOUND = {"tail": 0.09, "sorted": 0.16}
-"""Met: tail +7.6%, SortedRL +14.8% (missed: the 10% target)."""
+workload (`--fit-policy tail`, whose rounds differ in their finished and launched requests), the answer's way back
+(`return_s`) and a launched request's cost (`submit_s`) with them: rounds sync 7.4-14.8%, tail 2.7-11.7%,
+SortedRL 6.1-18.3% (seed 1; the engine against itself on its rounds: 13.3%)."""
+SGLANG_TAILFIT_RATIO_BOUND = {"tail": 0.06, "sorted": 0.09}
+"""Met: tail +4.7%, SortedRL +8.3%.  Without a launched request's cost (`submit_s`: SortedRL launches 34 requests
+a round, sync 16) +7.6% and +14.8%."""
 SGLANG_TAILFIT_WASTED_BOUND = {"tail": 0.05, "sorted": 0.13}
-"""|predicted / measured - 1| of a policy's wasted tokens over all its rounds: tail -1.3%, SortedRL -11.9%.  Without
+"""|predicted / measured - 1| of a policy's wasted tokens over all its rounds: tail -2.9%, SortedRL -11.1%.  Without
 the answer's way back (the requests decode on while it travels) tail -11.0% and SortedRL -17.9%: in 25 of 30 tail
 rounds the measured longest request ran further than the simulated one."""
+
 
 @pytest.fixture(scope="module")
 def repredicted(tmp_path_factory):
@@ -127,16 +130,17 @@ def test_sglangs_rounds_and_ratios_are_predicted_within_their_bounds(sglang_repr
 
 def test_sglangs_live_terms_are_fitted_again_from_the_fit_rounds_it_kept(tmp_path):
     """The profile's live terms come from its fit run, a tail run of the fit workload whose rounds differ in their
-    finished requests: `refit` fits them again from the rounds the result keeps (the benchmark's own path,
-    `with_live_term`, a finished request's cost a fitted term there: on these rounds 0) and finds the committed
+    finished and launched requests: `refit` fits them again from the rounds the result keeps (the benchmark's own
+    path, `with_live_term`: a finished request's and a launched request's costs fitted there, a finished
+    request's 0 on these rounds; the answer's way back from their generated tokens) and finds the committed
     figures."""
     result = json.loads(SGLANG_TAILFIT.read_text())
     assert sim_vs_real.fit_policy(argparse.Namespace(**result["args"])) == "tail"
     assert len({sim_vs_real.finished(r) for r in result["fit_rounds"][1:]}) > 1
     again = sim_vs_real.refit(result, tmp_path)["profile"]
-    for term in ("launch_s", "return_s", "step_s", "event_s"):
+    for term in ("launch_s", "return_s", "submit_s", "step_s", "event_s"):
         assert again[term] == pytest.approx(result["profile"][term], rel=1e-3, abs=1e-6), term
-    assert again["launch_s"] > 0 and again["step_s"] > 0 and again["return_s"] > 0
+    assert again["submit_s"] > 0 and again["step_s"] > 0 and again["return_s"] > 0
 
 
 def test_sglang_with_the_live_terms_fitted_on_tail_rounds_stays_within_its_bounds(tmp_path):

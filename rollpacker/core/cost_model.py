@@ -187,6 +187,12 @@ class CostModel:
         return 0.0
 
     @property
+    def submit_s(self) -> float:
+        """Engine seconds a launched request costs on its way in: none (an assumption: an engine's front end
+        runs beside it on a GPU host's CPU); an engine profile states what a live run measured."""
+        return 0.0
+
+    @property
     def shared_prefill(self) -> bool:
         """Each request prefills its own prompt, its siblings' too (an assumption: an engine whose prefix
         cache or batched prefill shares a group's prompt prefills less; at 16k-32k responses a small share

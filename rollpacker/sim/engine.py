@@ -168,18 +168,22 @@ class Instance:
     # -- changes ----------------------------------------------------------------------------------
 
     def submit(self, req: SimRequest, now: float, arrives: float | None = None) -> None:
-        """Queue `req`; with `arrives` later than now it waits in `arriving` until `arrive` at that time."""
+        """Queue `req`; a launch (`arrives` given: not a move between instances) costs the engine `cost.submit_s`
+        once it reaches it, and with `arrives` later than now it waits in `arriving` until `arrive` at that time."""
         self.advance_to(now)
         if arrives is not None and arrives > now:
             self.arriving.append((arrives, req))
         else:
             self.waiting.append(req)
+            self.stall(int(arrives is not None), "submit", self.cost.submit_s)
 
     def arrive(self, now: float) -> None:
         """The requests whose submission reached the engine by `now` join the queue."""
         self.advance_to(now)
-        self.waiting.extend(req for at, req in self.arriving if at <= now)
+        came = [req for at, req in self.arriving if at <= now]
+        self.waiting.extend(came)
         self.arriving = [(at, req) for at, req in self.arriving if at > now]
+        self.stall(len(came), "submit", self.cost.submit_s)
 
     def _start(self, req: SimRequest) -> None:
         req.running, req.start = True, self.step
@@ -241,10 +245,11 @@ class Instance:
             prefilled.add(req.group)
         return self.cost.prefill_time(req.prompt_tokens + req.generated)
 
-    def stall(self, count: int, kind: str = "event") -> None:
+    def stall(self, count: int, kind: str = "event", each: float | None = None) -> None:
         """`count` requests finished: the engine loses `cost.event_s` each (the driver's handling of a
-        finished request, its reward job included; an abort is one call for many and scores nothing)."""
-        seconds = count * self.cost.event_s
+        finished request, its reward job included; an abort is one call for many and scores nothing); or
+        `count` of another `kind`, `each` seconds each."""
+        seconds = count * (self.cost.event_s if each is None else each)
         if seconds > 0:
             self._log(self.time, self.time + seconds, kind)
             self.busy_s += seconds

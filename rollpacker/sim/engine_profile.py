@@ -42,7 +42,7 @@ from rollpacker.core.validators import non_negative_number, positive
 
 TERMS = ("run_overhead_s", "prefill_t1", "t0", "t1", "t2")
 """The fitted constants, in the order of `Run.features`."""
-NUMBERS = TERMS + ("abort_s", "abort_request_s", "launch_s", "return_s", "step_s", "event_s", "admit_fraction", "max_running",
+NUMBERS = TERMS + ("abort_s", "abort_request_s", "launch_s", "return_s", "submit_s", "step_s", "event_s", "admit_fraction", "max_running",
                    "kv_capacity")
 """A profile file's fields that must be finite numbers >= 0."""
 
@@ -98,6 +98,10 @@ class EngineProfile:
     (the answer's way back: the server's detokenizer and front end, HTTP): the engine's row is free at once,
     the round's decisions (a group complete, the tail's abort, a refill) wait for it while the other requests
     decode on.  Fitted on a run's wasted tokens (`fit_return_s`), 0 from the grid alone."""
+    submit_s: float = field(default=0.0, validator=non_negative_number)
+    """Engine seconds each launched request costs its instance once it reaches it, on the live rollout path (its
+    submission handled on cores the engine shares: the HTTP call, the server's front end and tokenizer); fitted
+    with the other live terms where the fit rounds differ in their launches, 0 from the grid alone."""
     step_s: float = field(default=0.0, validator=non_negative_number)
     """Engine seconds each decode step loses on the live rollout path beyond the calibration grid's: the
     driver's thread (the core's events, the token store, reward staging) sharing the engine's interpreter
@@ -132,7 +136,7 @@ class EngineProfile:
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
                            admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill,
                            abort_s=self.abort_s, abort_request_s=self.abort_request_s, launch_s=self.launch_s,
-                           return_s=self.return_s)
+                           return_s=self.return_s, submit_s=self.submit_s)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -162,6 +166,7 @@ class ProfileCost:
     abort_request_s: float = 0.0
     launch_s: float = 0.0
     return_s: float = 0.0
+    submit_s: float = 0.0
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:
@@ -253,15 +258,17 @@ def fit_abort(aborts: list[tuple[int, float]]) -> dict:
 
 
 def fit_live_terms(measured: list[float], without: list[float], launches: list[float], steps: list[float],
-                   events: list[float] | None = None) -> dict:
-    """`EngineProfile.launch_s` and `step_s` (and `event_s`, given `events`) from rounds of a run of the whole
-    rollout path: their measured rollout seconds, the seconds predicted without any, and what a second more of
-    each adds to each predicted round (`launches`: its launch waits on the round's path, 1 where every launch is
-    at the round's start; `steps`: its decode steps; `events`: its finished requests on the round's path); the
-    least squares of the rounds' unexplained seconds, all >= 0.  `events` only where the fit rounds differ in
-    their finished requests: where every round finishes as many, a finished request's cost is a launch's."""
-    columns = [launches, steps] + ([events] if events is not None else [])
-    names = ("launch_s", "step_s") + (("event_s",) if events is not None else ())
+                   events: list[float] | None = None, submits: list[float] | None = None) -> dict:
+    """`EngineProfile.launch_s` and `step_s` (and `event_s`, given `events`; `submit_s`, given `submits`) from
+    rounds of a run of the whole rollout path: their measured rollout seconds, the seconds predicted without any,
+    and what a second more of each adds to each predicted round (`launches`: its launch waits on the round's
+    path, 1 where every launch is at the round's start; `steps`: its decode steps; `events`: its finished
+    requests on the round's path; `submits`: its launched requests on that path); the least squares of the
+    rounds' unexplained seconds, all >= 0.  `events` only where the fit rounds differ in their finished requests,
+    `submits` in their launched ones: where every round finishes (launches) as many, its cost is a launch's."""
+    optional = {"event_s": events, "submit_s": submits}
+    names = ("launch_s", "step_s") + tuple(name for name, column in optional.items() if column is not None)
+    columns = [launches, steps] + [column for column in optional.values() if column is not None]
     return fit_linear([list(row) for row in zip(*columns)], [m - w for m, w in zip(measured, without)], names,
                       relative=False)
 
