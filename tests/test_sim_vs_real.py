@@ -62,6 +62,13 @@ SGLANG_TAILFIT_WASTED_BOUND = {"tail": 0.05, "sorted": 0.13}
 the answer's way back (the requests decode on while it travels) tail -11.0% and SortedRL -17.9%: in 25 of 30 tail
 rounds the measured longest request ran further than the simulated one."""
 
+SGLANG_AGAIN = ROOT / "benchmarks" / "sim_vs_real" / "sglang-tiny-tailfit-2.json"
+SGLANG_AGAIN_ROUND_BOUND = {"sync": 0.46, "tail": 0.30, "sorted": 0.31}
+SGLANG_AGAIN_RATIO_BOUND = {"tail": 0.07, "sorted": 0.24}
+"""The tail-fitted measurement's command run again on a fresh machine of the same kind (5 seeds; its grid's decode
+step 2.9 ms against 10.7, its rounds 0.25-0.7 s): what it met, a regression bound, not the targets (rounds sync
+11.2-44.4%, tail 3.9-28.5%, SortedRL 2.7-30.1%; ratios tail +6.4%, SortedRL +22.7%: missed)."""
+
 
 @pytest.fixture(scope="module")
 def repredicted(tmp_path_factory):
@@ -188,3 +195,8 @@ def test_real_sglang_against_itself_over_the_two_committed_measurements():
     assert len(rep) == 9 and {r["rounds"] for r in rep.values()} == {5}
     assert 0.05 < min(r["engine"] for r in rep.values()) and max(r["engine"] for r in rep.values()) < 0.25
     assert max(abs(error(r["ratio"][0][0], r["ratio"][1][0])) for (p, _), r in rep.items() if p != "sync") < 0.10
+
+
+def test_sglang_measured_again_on_a_faster_machine_stays_within_what_it_met(tmp_path):
+    result = sim_vs_real.repredict(json.loads(SGLANG_AGAIN.read_text()), tmp_path)
+    assert_within(result, SGLANG_AGAIN_ROUND_BOUND, SGLANG_AGAIN_RATIO_BOUND)
