@@ -343,9 +343,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "share of a decode step (step_s) and the scorer's latency")
     ap.add_argument("--fit-scale-from", type=int, default=1000, help="fit workload's trace tokens that map to "
                     "--max-tokens (azure-conv's cap is 1000)")
-    ap.add_argument("--fit-policy", choices=("sync", "tail"), default="sync", help="the fit run's policy: tail "
+    ap.add_argument("--fit-policy", choices=("sync", "tail", "sorted"), default="sync", help="the fit run's policy: tail "
                     "rounds differ in their finished requests (short and long rounds), so a finished request's "
-                    "live cost (event_s) is fitted beside a launch's and a decode step's; sync: those two only")
+                    "live cost (event_s) is fitted beside a launch's and a decode step's; sorted: its refills "
+                    "also make the launches differ from the finishes (submit_s); sync: those two only")
     ap.add_argument("--train-beside", action="store_true", help="train beside the rollout, on the engine's cores "
                     "(the live term is then fitted per finished request); default: after the round")
     ap.add_argument("--policies", default="sync,tail,sorted")
