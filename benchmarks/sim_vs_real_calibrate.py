@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sim_vs_real_report import profile_line
 
-from rollpacker.sim.engine_profile import EngineProfile, fit_abort, fit_profile, load_profile
+from rollpacker.sim.engine_profile import EngineProfile, Run, fit_abort, fit_profile, load_profile
 
 GRIDS = {"quick": dict(rows=(1, 8, 32, 64), prompts=(32, 128), news=(16, 96), repeats=2,
                        trainer=dict(rows=(2, 8, 32), prompts=(32, 128), responses=(8, 64, 128), repeats=2)),
@@ -47,7 +47,7 @@ def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
     try:
         cal = Calibration(engine, vocab_size=model.config.vocab_size, seed=0)
         runs = cal.grid(grid["rows"], grid["prompts"], grid["news"], grid["repeats"])
-        aborts = fit_abort(cal.aborts(new=args.max_tokens))
+        aborts = fit_abort(cal.aborts(new=args.max_tokens, after_s=abort_after(runs, args.max_tokens)))
     finally:
         engine.close()
     profile = fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
@@ -56,6 +56,14 @@ def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
     profile.save(out / "profile.json")
     print(f"profile: {profile_line(profile)}", flush=True)
     return profile
+
+
+def abort_after(runs: list[Run], new: int) -> float:
+    """Seconds the abort calibration lets its requests run before the abort: a quarter of what the grid predicts
+    for the quickest of them (one request of 32 prompt tokens generating `new`), at most 0.2 s, so that the abort
+    still catches them running on a faster engine (a fixed 0.2 s let a fast CPU finish 128 tokens first)."""
+    grid = fit_profile(runs, engine="grid", model="", machine="", date="", max_running=1, kv_capacity=1)
+    return min(0.2, grid.predict(Run(1, 32, new, 0.0)) / 4)
 
 
 def calibration_engine(args, model, urls):

@@ -214,3 +214,18 @@ def test_sglang_with_the_live_terms_fitted_on_a_sortedrl_run_stays_within_what_i
     assert sim_vs_real.fit_policy(argparse.Namespace(**result["args"])) == "sorted"
     assert result["profile"]["submit_s"] > 0 and result["profile"]["event_s"] > 0, "both per-request costs told apart"
     assert_within(sim_vs_real.repredict(result, tmp_path), SGLANG_SORTEDFIT_ROUND_BOUND, SGLANG_SORTEDFIT_RATIO_BOUND)
+
+
+def test_the_abort_calibration_waits_a_quarter_of_its_quickest_request_at_most_0_2_s():
+    """A fixed 0.2 s let a fast CPU finish the quick mode's 128-token requests before their abort: the wait
+    follows the engine's own grid."""
+    import sim_vs_real_calibrate
+
+    from rollpacker.sim.engine_profile import Run
+
+    def grid(step_s: float) -> list[Run]:  # an engine whose decode step costs step_s whatever its rows
+        return [Run(b, p, n, 0.001 + (n + 1) * step_s + 1e-6 * b * n) for b in (1, 8) for p in (32, 256) for n in (16, 128)]
+
+    fast = sim_vs_real_calibrate.abort_after(grid(0.002), 128)
+    assert fast == pytest.approx((0.001 + 129 * 0.002 + 1e-6 * 128) / 4, rel=1e-3) and fast < 0.2
+    assert sim_vs_real_calibrate.abort_after(grid(0.05), 128) == 0.2
