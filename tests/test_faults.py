@@ -129,7 +129,7 @@ def test_ctrl_c_is_one_line_and_exit_130_then_resume_trains_every_prompt_once(ti
 def test_sigterm_is_one_line_and_exit_143_then_resume_trains_every_prompt_once(tiny_model, tmp_path):
     """What a job scheduler or `kill` sends: the same way out as Ctrl-C, with the conventional 128 + 15."""
     out = tmp_path / "run"
-    args = ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 3, "--max-tokens", 48]
+    args = ["--preset", "tiny_debug", "--model", tiny_model, "--out", out, "--steps", 4, "--max-tokens", 48]
     proc = start_train(*args)
     wait_for_saved_step(out, 1, proc)
     time.sleep(0.7)  # inside the next step (or still in its save: both must hold)
@@ -140,8 +140,8 @@ def test_sigterm_is_one_line_and_exit_143_then_resume_trains_every_prompt_once(t
     assert step is not None and step >= 1 and len(records(out)) in (step, step + 1)
     assert stderr.strip().splitlines()[-1] == f"terminated (SIGTERM) at step {step}; --resume {out} continues"
     run_train("--resume", out, timeout=300)
-    assert [r["step"] for r in records(out)] == [0, 1, 2]
-    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 3 * 2, "a prompt was lost or trained twice"
+    assert [r["step"] for r in records(out)] == [0, 1, 2, 3]
+    assert len(trained_keys(out)) == len(set(trained_keys(out))) == 4 * 2, "a prompt was lost or trained twice"
 
 
 class _Terminated(KeyboardInterrupt):
