@@ -269,13 +269,13 @@ def repredict(result: dict, out: Path) -> dict:
     for policy, seed, rows in result["runs"]:
         sim = predict(args, profile_path, policy, seed, check, args.steps, result["stages"],
                       result["micro_batch_tokens"], instances)
-        runs.append((policy, seed, [{**row, **{k: (row[k][0], v[k][1]) for k in v if k in MEASURED_PAIRS},
+        runs.append((policy, seed, [{**row, **{k: (row[k][0], v[k][1]) for k in v if k in MEASURED_PAIRS and k in row},
                                      "sim_round": v["sim_round"]}
                                     for row, v in zip(rows, round_rows(sim, sim))]))
     return {**result, "runs": runs}
 
 
-MEASURED_PAIRS = ("rollout", "step_s", "longest", "bubble", "wasted")
+MEASURED_PAIRS = ("rollout", "step_s", "train", "longest", "bubble", "wasted")
 """The (measured, predicted) pairs of a round's row."""
 
 

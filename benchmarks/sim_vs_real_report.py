@@ -29,9 +29,11 @@ def longest(record: dict) -> int:
 
 
 def round_rows(real: list[dict], sim: list[dict]) -> list[dict]:
-    """Per round (step 0 left out): measured and predicted rollout, longest request, bubble, wasted tokens."""
+    """Per round (step 0 left out): measured and predicted rollout, trainer stage (its micro-batches, optimizer
+    step and weight sync), longest request, bubble, wasted tokens."""
     return [{"step": r["step"], "round": r["round"], "sim_round": s["round"], "rollout": (r["rollout_s"], s["rollout_s"]),
-             "step_s": (r["step_s"], s["step_s"]), "longest": (longest(r), longest(s)),
+             "step_s": (r["step_s"], s["step_s"]), "train": (r["train_s"] + r["sync_s"], s["train_s"] + s["sync_s"]),
+             "longest": (longest(r), longest(s)),
              "bubble": (r["bubble_ratio"], s["bubble_ratio"]), "wasted": (r["wasted_tokens"], s["wasted_tokens"])}
             for r, s in zip(real[1:], sim[1:])]
 
@@ -53,6 +55,8 @@ def summarize(runs: dict) -> dict:
             "step": (mean(r["step_s"][0] for r in rows), mean(r["step_s"][1] for r in rows)),
             "rollout": (mean(r["rollout"][0] for r in rows), mean(r["rollout"][1] for r in rows)),
             "round_error": statistics.median(abs(error(*r["rollout"])) for r in rows),
+            **({"train": (mean(r["train"][0] for r in rows), mean(r["train"][1] for r in rows))}
+               if all("train" in r for r in rows) else {}),  # (a result measured before it was kept: none)
             "kinds_agree": sum(r["round"] == r["sim_round"] for r in rows) / len(rows)}
     for (policy, seed), s in out.items():
         base = out.get(("sync", seed))
@@ -63,6 +67,10 @@ def summarize(runs: dict) -> dict:
 
 
 # -- the report -------------------------------------------------------------------------------------------
+
+def pair_text(pair: tuple[float, float] | None) -> str:
+    return "-" if pair is None else f"{pair[0]:.2f} / {pair[1]:.2f} ({error(*pair):+.1%})"
+
 
 def streams_training(args) -> bool:
     """Whether the measured run trains beside the rollout (--train-beside; else after the round: `run_flags`).
@@ -93,14 +101,15 @@ def report(result: dict) -> str:
              "Other stages (the trainer calibrated on its own grid; the scorer's latency and the weight sync from the "
              "fit run): " + ", ".join(f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",
              "| policy | seed | mean step s measured / predicted (error) | mean rollout s measured / predicted (error) | "
-             "per-round rollout median abs error | round kinds agree | sync/policy step measured / predicted (error) |",
-             "|---|---|---|---|---|---|---|"]
+             "per-round rollout median abs error | mean trainer stage s measured / predicted (error) | round kinds agree | "
+             "sync/policy step measured / predicted (error) |",
+             "|---|---|---|---|---|---|---|---|"]
     for (policy, seed), s in summary.items():
         ratio = s.get("ratio")
         ratio_text = f"{ratio[0]:.2f} / {ratio[1]:.2f} ({error(*ratio):+.1%})" if ratio and policy != "sync" else "-"
         lines.append(f"| {policy} | {seed} | {s['step'][0]:.2f} / {s['step'][1]:.2f} ({error(*s['step']):+.1%}) | "
                      f"{s['rollout'][0]:.2f} / {s['rollout'][1]:.2f} ({error(*s['rollout']):+.1%}) | "
-                     f"{s['round_error']:.1%} | {s['kinds_agree']:.0%} | {ratio_text} |")
+                     f"{s['round_error']:.1%} | {pair_text(s.get('train'))} | {s['kinds_agree']:.0%} | {ratio_text} |")
     lines += ["", "Per round (measured / predicted):", "",
               "| policy | seed | step | round (real, sim) | rollout s | longest request | bubble | wasted tokens |",
               "|---|---|---|---|---|---|---|---|"]

@@ -46,3 +46,35 @@ def test_requests_that_finish_before_their_abort_are_an_error_not_a_latency(engi
     engine, vocab = engine
     with pytest.raises(RuntimeError, match="before their abort"):
         Calibration(engine, vocab_size=vocab).abort_s(rows=2, prompt=8, new=2, after_s=1.0, repeats=1)
+
+
+@pytest.mark.timeout(300)
+def test_the_trainers_optimizer_step_is_timed_warm_and_after_a_backward():
+    """The first optimizer step allocates the optimizer's state (several times a live step on the tiny
+    model): the figure is the median of the steps after it, each with gradients to apply."""
+    import statistics
+    import time
+
+    from rollpacker.backends.calibration import time_trainer
+    from rollpacker.train.config import parse
+    from rollpacker.train.session import build_trainer
+
+    config = parse(["--model", str(tiny_random_llama()), "--trainer", "torch", "--max-tokens", "16", "--device", "cpu"])
+    trainer = build_trainer(config, tiny_random_llama())
+    steps = []  # (seconds, had gradients, optimizer state before)
+    step = trainer.optimizer_step
+
+    def watched(normalizer):
+        grads = any(p.grad is not None for p in trainer.model.parameters())
+        state = len(trainer.optimizer.state)
+        start = time.monotonic()
+        out = step(normalizer)
+        steps.append((time.monotonic() - start, grads, state))
+        return out
+
+    trainer.optimizer_step = watched
+    timings = time_trainer(trainer, vocab_size=trainer.vocab_size, rows=(2,), prompts=(8,), responses=(4,), repeats=3)
+    assert len(timings) == 2 and timings[-1][:3] == (0, 0, 0)
+    assert len(steps) == 4 and steps[0][2] == 0, "one untimed step that allocates the state, then 3 timed"
+    assert all(grads and state > 0 for _, grads, state in steps[1:]), "each timed step is warm, with gradients"
+    assert timings[-1][3] == pytest.approx(statistics.median(s for s, *_ in steps[1:]), abs=2e-3)

@@ -229,3 +229,29 @@ def test_the_abort_calibration_waits_a_quarter_of_its_quickest_request_at_most_0
     fast = sim_vs_real_calibrate.abort_after(grid(0.002), 128)
     assert fast == pytest.approx((0.001 + 129 * 0.002 + 1e-6 * 128) / 4, rel=1e-3) and fast < 0.2
     assert sim_vs_real_calibrate.abort_after(grid(0.05), 128) == 0.2
+
+
+@pytest.mark.timeout(300)
+def test_a_real_runs_trainer_stage_is_compared_step_by_step_with_the_simulators(tmp_path):
+    """Through the live path: two steps of the reference trainer replaying the check workload on the embedded
+    engine, then the simulator's steps with the committed profile; each round's row pairs the run's trainer
+    stage (micro-batches, optimizer step, weight sync) with the simulator's, and the report shows their means."""
+    from sim_vs_real_report import report, round_rows
+
+    result = json.loads(MEASURED.read_text())
+    args = sim_vs_real.parse_args(["--engine", "embedded", "--model", "tiny", "--steps", "3", "--prompts", "2",
+                                   "--samples", "2", "--max-tokens", "32", "--capacity", "4"])
+    check = sim_vs_real.Workload(args.workload, args.scale_from)
+    records, tokens = sim_vs_real.real_run(args, "tail", 0, check, 3, tmp_path / "run", None)
+    (tmp_path / "p").mkdir()
+    sim = sim_vs_real.predict(args, tmp_path / "p" / "profile.json", "tail", 0, check, 3, result["stages"], tokens, 1,
+                              sim_vs_real.EngineProfile(**result["profile"]))
+    rows = round_rows(records, sim)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row, record, predicted in zip(rows, records[1:], sim[1:]):
+        assert row["train"][0] == record["train_s"] + record["sync_s"] > 0
+        assert row["train"][1] == predicted["train_s"] + predicted["sync_s"] > 0
+    measured = {**result, "args": vars(args), "runs": [["tail", 0, rows]]}
+    line = next(x for x in report(measured).splitlines() if x.startswith("| tail | 0 |"))
+    mean_measured = (rows[0]["train"][0] + rows[1]["train"][0]) / 2
+    assert f"| {mean_measured:.2f} / " in line, line
