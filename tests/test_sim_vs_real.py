@@ -76,6 +76,16 @@ SGLANG_SORTEDFIT_RATIO_BOUND = {"tail": 0.09, "sorted": 0.18}
 sorted`: its refills make launches and finishes differ): what it met (rounds sync 9.7-16.9%, tail 3.1-8.9%,
 SortedRL 3.7-17.9%; ratios tail +8.4%, SortedRL +17.4%, missed), a regression bound, not the targets."""
 
+SGLANG_SORTEDFIT_2 = ROOT / "benchmarks" / "sim_vs_real" / "sglang-tiny-sortedfit-2.json"
+SGLANG_SORTEDFIT_2_ROUND_BOUND = {"sync": 0.28, "tail": 0.20, "sorted": 0.26}
+SGLANG_SORTEDFIT_2_RATIO_BOUND = {"tail": 0.11, "sorted": 0.22}
+"""That command again on the next session's machine, after the trainer's optimizer step was timed warm: what it
+met (rounds sync 12.4-26.7%, tail 6.2-18.9%, SortedRL 10.1-24.9%; ratios tail +10.3%, SortedRL +20.9%: both
+missed), a regression bound, not the targets."""
+SGLANG_SORTEDFIT_2_TRAINER_BOUND = 0.10
+"""Median over its runs of |predicted / measured - 1| of the mean trainer stage a step: 8.8% (the sixth
+measurement, whose calibration timed a cold optimizer step and ran slow: 94%)."""
+
 
 @pytest.fixture(scope="module")
 def repredicted(tmp_path_factory):
@@ -214,6 +224,13 @@ def test_sglang_with_the_live_terms_fitted_on_a_sortedrl_run_stays_within_what_i
     assert sim_vs_real.fit_policy(argparse.Namespace(**result["args"])) == "sorted"
     assert result["profile"]["submit_s"] > 0 and result["profile"]["event_s"] > 0, "both per-request costs told apart"
     assert_within(sim_vs_real.repredict(result, tmp_path), SGLANG_SORTEDFIT_ROUND_BOUND, SGLANG_SORTEDFIT_RATIO_BOUND)
+
+
+def test_sglang_measured_with_a_warm_optimizer_step_predicts_the_trainer_stage_within_its_bound(tmp_path):
+    result = sim_vs_real.repredict(json.loads(SGLANG_SORTEDFIT_2.read_text()), tmp_path)
+    assert_within(result, SGLANG_SORTEDFIT_2_ROUND_BOUND, SGLANG_SORTEDFIT_2_RATIO_BOUND)
+    summary = summarize({(p, int(s)): rows for p, s, rows in result["runs"]})
+    assert statistics.median(abs(error(*s["train"])) for s in summary.values()) <= SGLANG_SORTEDFIT_2_TRAINER_BOUND
 
 
 def test_the_abort_calibration_waits_a_quarter_of_its_quickest_request_at_most_0_2_s():
