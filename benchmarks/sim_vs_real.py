@@ -48,21 +48,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import attrs
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from results_md import write_section  # noqa: E402
-from sim_vs_real_calibrate import GRIDS, calibrate, calibrate_trainer, machine, model_dir, shared_prefill  # noqa: E402
+from sim_vs_real_calibrate import GRIDS, calibrate, calibrate_trainer, machine, model_dir  # noqa: E402
+from sim_vs_real_fit import finished, fit_policy, fit_round, refit, with_live_term  # noqa: E402, F401
+from sim_vs_real_predict import Workload, dataset_size, predict, repredict  # noqa: E402
 from sim_vs_real_report import headline, profile_line, report, round_rows, streams_training  # noqa: E402
 
-from rollpacker.core import BatcherConfig  # noqa: E402
-from rollpacker.sim.config import SimConfig  # noqa: E402
-from rollpacker.sim.constants import SimConstants  # noqa: E402
-from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_live_terms, fit_profile, fit_return_s  # noqa: E402
-from rollpacker.sim.simulation import Simulation  # noqa: E402
+from rollpacker.sim.engine_profile import EngineProfile  # noqa: E402, F401 - for the tests
 
 SECTION = "Simulator against real engines"
 QUICK = dict(model="tiny", engine="embedded", policies="sync,tail", seeds="0", steps=6, prompts=8, samples=8,
@@ -81,10 +77,6 @@ def run_flags(args, policy: str, seed: int, workload: Workload, steps: int, out:
     if not streams_training(args):  # (SGLang's memory release needs a GPU package: on a CPU it stopped the
         flags += ["--train-after-round" if urls else "--colocate"]  # server, so its engine keeps its memory)
     return flags
-
-
-def dataset_size(args) -> int:
-    return 8 * args.prompts
 
 
 def real_run(args, policy: str, seed: int, workload: Workload, steps: int, out: Path, urls) -> tuple[list[dict], int]:
@@ -108,175 +100,6 @@ def real_run(args, policy: str, seed: int, workload: Workload, steps: int, out: 
     finally:
         session.close()
     return records, config.micro_batch_tokens
-
-
-# -- the other stages, fitted -------------------------------------------------------------------------
-
-@attrs.frozen
-class Workload:
-    """A built-in trace and the trace tokens that map to --max-tokens."""
-
-    name: str
-    scale_from: int
-
-
-PROBE_S = 1e-3
-"""The step_s and launch_s of the fit's probe predictions: the seconds each adds to a round, over it, are the
-round's decode steps and its launch waits."""
-
-
-def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
-                   micro_batch_tokens: int) -> EngineProfile:
-    """The profile with the live path's extra time fitted on the fit run's rounds (beside their prediction
-    without it), saved as `out`/profile.json: where training waits for the round (colocated), `fit_time_terms`
-    and, on SGLang where the fit rounds differ in their finished requests (`--fit-policy tail`), `return_s` an
-    answer's way back, from the rounds' generated tokens (the requests decode on while an answer travels; the
-    time terms fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
-    micro-batches follow the finished requests)."""
-    def fit(candidate: EngineProfile) -> list[dict]:  # the fit run's steps, predicted with `candidate`
-        return predict(args, out / "profile.json", fit_policy(args), 0, Workload(args.fit_workload, args.fit_scale_from),
-                       len(fit_records), stages, micro_batch_tokens, 2 if args.engine == "sglang" else 1, candidate)
-
-    measured, rounds = [r["rollout_s"] for r in fit_records[1:]], fit_records[1:]
-    if streams_training(args):
-        plain = [g["rollout_s"] for g in fit(attrs.evolve(profile, launch_s=0.0, step_s=0.0, event_s=0.0))[1:]]
-        profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
-            list(zip(measured, map(finished, rounds))), plain))
-    else:
-        profile = fit_time_terms(args, profile, fit, measured, rounds)
-        if args.engine == "sglang" and len({finished(r) for r in rounds}) > 1:
-            tokens = {c: [g["generated_tokens"] for g in fit(attrs.evolve(profile, return_s=c))[1:]] for c in RETURNS}
-            returned = fit_return_s([sum(q[1] for q in r["requests"]) for r in rounds], tokens)
-            profile = fit_time_terms(args, attrs.evolve(profile, return_s=returned), fit, measured, rounds)
-    profile.save(out / "profile.json")
-    return profile
-
-
-RETURNS = tuple(i * 0.01 for i in range(16))
-"""The answer's way back (`return_s`) tried against the fit rounds' generated tokens: 0-150 ms."""
-
-
-def fit_time_terms(args, profile: EngineProfile, fit, measured: list[float], rounds: list[dict]) -> EngineProfile:
-    """`profile` with the live terms fitted by least squares on the fit `rounds`' `measured` rollout seconds, from
-    `fit`'s predictions with none and with a probe of each: `launch_s` a launch (SGLang: the submission's way in),
-    `step_s` a decode step (the driver sharing the engine's cores) and, where the rounds differ in their finished
-    requests, `event_s` a finished request, and on SGLang where they differ in their launches, `submit_s` a
-    launched request."""
-    guesses, zero = [], {"launch_s": 0.0, "step_s": 0.0, "event_s": 0.0, "submit_s": 0.0}
-    for probe in ({}, *({term: PROBE_S} for term in zero)):
-        guesses.append([g["rollout_s"] for g in fit(attrs.evolve(profile, **{**zero, **probe}))[1:]])
-    launches, steps, events, submits = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)]
-                                        for g in guesses[1:])
-    sglang = args.engine == "sglang"  # (the embedded engine is called in-process: no submission path to pay)
-    live = fit_live_terms(measured, guesses[0], launches if sglang else [0.0] * len(launches), steps,
-                          events if len({finished(r) for r in rounds}) > 1 else None,
-                          submits if sglang and len({len(r["requests"]) for r in rounds}) > 1 else None)
-    return attrs.evolve(profile, **{**zero, **live})
-
-
-def fit_policy(args) -> str:
-    """The fit run's policy (a result measured before --fit-policy existed used sync)."""
-    return getattr(args, "fit_policy", None) or "sync"
-
-
-def finished(record: dict) -> int:
-    """Requests of a step that finished (not aborted)."""
-    return sum(1 for q in record["requests"] if q[2] != "abort")
-
-
-def fit_round(record: dict) -> dict:
-    """What the live terms' fit reads of a fit run's step record (kept in the result)."""
-    return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]]}
-
-
-def refit(result: dict, out: Path) -> dict:
-    """`result` with its profile fitted again by this tree's model from its own measurements: the calibration
-    grid it kept and the fit run's rounds it kept (a result measured before they were kept: the fit run's step
-    records in `out`/fit), after a change to the latency model's terms."""
-    args = argparse.Namespace(**result["args"])
-    old = EngineProfile(**result["profile"])
-    runs = [Run(*r) for r in old.fit["runs"]]
-    profile = fit_profile(runs, engine=old.engine, model=old.model, machine=old.machine, date=old.date,
-                          max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
-                          abort_request_s=old.abort_request_s, aborts=old.fit.get("aborts"),
-                          admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args))
-    records = result.get("fit_rounds") or [fit_round(json.loads(line))
-                                           for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
-    profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,
-                           result["stages"], result["micro_batch_tokens"])
-    return {**result, "profile": profile.to_dict(), "refit": True}
-
-
-def sim_constants(stages: dict, stream: bool = False) -> SimConstants:
-    """The simulator's constants of the measured run: colocated training with the calibrated trainer, the
-    scorer's measured latency, the live path's reward settings, no KV watermark (the engine keeps none)."""
-    c = SimConstants()
-    train = {k: stages[k] for k in ("micro_batch_overhead_s", "seconds_per_padded_token", "seconds_per_token",
-                                    "optimizer_s")}
-    return attrs.evolve(
-        c, train=attrs.evolve(c.train, stream=stream, **train),
-        reward=attrs.evolve(c.reward, median_s=stages["reward_median_s"], sigma=0.0, hang_rate=0.0, burst_workers=0,
-                            workers=1, hedge_after=2.0, hedge_copies=1),
-        engine=attrs.evolve(c.engine, admit_watermark=0.0))
-
-
-# -- prediction -----------------------------------------------------------------------------------------
-
-def predict(args, profile_path: Path, policy: str, seed: int, workload: Workload, steps: int, stages: dict,
-            micro_batch_tokens: int, instances: int, profile: EngineProfile | None = None) -> list[dict]:
-    """Part 4: the simulator's steps of the same run (with `profile` saved as `profile_path` first, if given)."""
-    from rollpacker.train.replay import ReplayOptions
-
-    if profile is not None:
-        profile.save(profile_path)
-
-    config = SimConfig(workload=workload.name, policy=policy, prompts=args.prompts, samples=args.samples,
-                       max_tokens=args.max_tokens, steps=steps, seed=seed, instances=instances,
-                       dataset_prompts=dataset_size(args), scale_from=workload.scale_from,
-                       engine_profile=str(profile_path), bubble_capacity=args.capacity)
-    lengths = prompt_lengths(args, seed)
-    replay = ReplayOptions(replay_lengths=workload.name, replay_scale_from=workload.scale_from)
-    sim = Simulation(config, sim_constants(stages, stream=streams_training(args)), workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
-                     batcher=BatcherConfig(token_budget=micro_batch_tokens))
-    return sim.run()["steps"]
-
-
-_PROMPTS: dict = {}
-
-
-def prompt_lengths(args, seed: int) -> list[int]:
-    """The token lengths of the run's dataset prompts, as the reference trainer renders them."""
-    key = (args.model, seed, dataset_size(args))
-    if key not in _PROMPTS:
-        from rollpacker.train.config import parse
-        from rollpacker.train.prompts import load_prompts
-
-        config = parse(["--seed", str(seed), "--dataset-size", str(dataset_size(args)), "--max-tokens",
-                        str(args.max_tokens), "--prompts", str(args.prompts)])
-        prompts = load_prompts(config, Path(model_dir(args.model)))
-        _PROMPTS[key] = [len(prompts.prompt_ids(i)) for i in range(len(prompts))]
-    return _PROMPTS[key]
-
-
-def repredict(result: dict, out: Path) -> dict:
-    """`result` with every predicted figure made again by this tree's simulator, from the profile and stages it
-    was measured with (the measured figures as they were): after a change to the latency model."""
-    args = argparse.Namespace(**result["args"])
-    profile_path = out / "profile.json"
-    EngineProfile(**result["profile"]).save(profile_path)
-    check, instances = Workload(args.workload, args.scale_from), 2 if args.engine == "sglang" else 1
-    runs = []
-    for policy, seed, rows in result["runs"]:
-        sim = predict(args, profile_path, policy, seed, check, args.steps, result["stages"],
-                      result["micro_batch_tokens"], instances)
-        runs.append((policy, seed, [{**row, **{k: (row[k][0], v[k][1]) for k in v if k in MEASURED_PAIRS and k in row},
-                                     "sim_round": v["sim_round"]}
-                                    for row, v in zip(rows, round_rows(sim, sim))]))
-    return {**result, "runs": runs}
-
-
-MEASURED_PAIRS = ("rollout", "step_s", "train", "longest", "bubble", "wasted")
-"""The (measured, predicted) pairs of a round's row."""
 
 
 # -- main -------------------------------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""Part 2 of benchmarks/sim_vs_real.py, the live path's terms: fitted on the fit run's rounds beside their
+prediction (`with_live_term`), or again from a kept result's own measurements after a change to the latency
+model's terms (`refit`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import attrs
+from sim_vs_real_calibrate import shared_prefill
+from sim_vs_real_predict import Workload, predict
+from sim_vs_real_report import streams_training
+
+from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_live_terms, fit_profile, fit_return_s
+
+
+PROBE_S = 1e-3
+"""The step_s and launch_s of the fit's probe predictions: the seconds each adds to a round, over it, are the
+round's decode steps and its launch waits."""
+
+
+def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
+                   micro_batch_tokens: int) -> EngineProfile:
+    """The profile with the live path's extra time fitted on the fit run's rounds (beside their prediction
+    without it), saved as `out`/profile.json: where training waits for the round (colocated), `fit_time_terms`
+    and, on SGLang where the fit rounds differ in their finished requests (`--fit-policy tail`), `return_s` an
+    answer's way back, from the rounds' generated tokens (the requests decode on while an answer travels; the
+    time terms fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
+    micro-batches follow the finished requests)."""
+    def fit(candidate: EngineProfile) -> list[dict]:  # the fit run's steps, predicted with `candidate`
+        return predict(args, out / "profile.json", fit_policy(args), 0, Workload(args.fit_workload, args.fit_scale_from),
+                       len(fit_records), stages, micro_batch_tokens, 2 if args.engine == "sglang" else 1, candidate)
+
+    measured, rounds = [r["rollout_s"] for r in fit_records[1:]], fit_records[1:]
+    if streams_training(args):
+        plain = [g["rollout_s"] for g in fit(attrs.evolve(profile, launch_s=0.0, step_s=0.0, event_s=0.0))[1:]]
+        profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
+            list(zip(measured, map(finished, rounds))), plain))
+    else:
+        profile = fit_time_terms(args, profile, fit, measured, rounds)
+        if args.engine == "sglang" and len({finished(r) for r in rounds}) > 1:
+            tokens = {c: [g["generated_tokens"] for g in fit(attrs.evolve(profile, return_s=c))[1:]] for c in RETURNS}
+            returned = fit_return_s([sum(q[1] for q in r["requests"]) for r in rounds], tokens)
+            profile = fit_time_terms(args, attrs.evolve(profile, return_s=returned), fit, measured, rounds)
+    profile.save(out / "profile.json")
+    return profile
+
+
+RETURNS = tuple(i * 0.01 for i in range(16))
+"""The answer's way back (`return_s`) tried against the fit rounds' generated tokens: 0-150 ms."""
+
+
+def fit_time_terms(args, profile: EngineProfile, fit, measured: list[float], rounds: list[dict]) -> EngineProfile:
+    """`profile` with the live terms fitted by least squares on the fit `rounds`' `measured` rollout seconds, from
+    `fit`'s predictions with none and with a probe of each: `launch_s` a launch (SGLang: the submission's way in),
+    `step_s` a decode step (the driver sharing the engine's cores) and, where the rounds differ in their finished
+    requests, `event_s` a finished request, and on SGLang where they differ in their launches, `submit_s` a
+    launched request."""
+    guesses, zero = [], {"launch_s": 0.0, "step_s": 0.0, "event_s": 0.0, "submit_s": 0.0}
+    for probe in ({}, *({term: PROBE_S} for term in zero)):
+        guesses.append([g["rollout_s"] for g in fit(attrs.evolve(profile, **{**zero, **probe}))[1:]])
+    launches, steps, events, submits = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)]
+                                        for g in guesses[1:])
+    sglang = args.engine == "sglang"  # (the embedded engine is called in-process: no submission path to pay)
+    live = fit_live_terms(measured, guesses[0], launches if sglang else [0.0] * len(launches), steps,
+                          events if len({finished(r) for r in rounds}) > 1 else None,
+                          submits if sglang and len({len(r["requests"]) for r in rounds}) > 1 else None)
+    return attrs.evolve(profile, **{**zero, **live})
+
+
+def fit_policy(args) -> str:
+    """The fit run's policy (a result measured before --fit-policy existed used sync)."""
+    return getattr(args, "fit_policy", None) or "sync"
+
+
+def finished(record: dict) -> int:
+    """Requests of a step that finished (not aborted)."""
+    return sum(1 for q in record["requests"] if q[2] != "abort")
+
+
+def fit_round(record: dict) -> dict:
+    """What the live terms' fit reads of a fit run's step record (kept in the result)."""
+    return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]]}
+
+
+def refit(result: dict, out: Path) -> dict:
+    """`result` with its profile fitted again by this tree's model from its own measurements: the calibration
+    grid it kept and the fit run's rounds it kept (a result measured before they were kept: the fit run's step
+    records in `out`/fit), after a change to the latency model's terms."""
+    args = argparse.Namespace(**result["args"])
+    old = EngineProfile(**result["profile"])
+    runs = [Run(*r) for r in old.fit["runs"]]
+    profile = fit_profile(runs, engine=old.engine, model=old.model, machine=old.machine, date=old.date,
+                          max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
+                          abort_request_s=old.abort_request_s, aborts=old.fit.get("aborts"),
+                          admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args))
+    records = result.get("fit_rounds") or [fit_round(json.loads(line))
+                                           for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
+    profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,
+                           result["stages"], result["micro_batch_tokens"])
+    return {**result, "profile": profile.to_dict(), "refit": True}
