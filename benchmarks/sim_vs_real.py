@@ -15,7 +15,8 @@ Four parts, all on this machine, one after another (nothing else should run besi
 2. **Fit the rest**: the trainer (`time_trainer`: forward and backward of micro-batches on a grid of
    rows, prompt and response tokens, and an optimizer step; `rollpacker.sim.stages.fit_train`); then a
    short run of the reference trainer replaying the fit workload (`--fit-workload`, default azure-conv;
-   `--fit-policy`, default sync), whose rounds, beside their prediction, give the live path's time a
+   `--fit-policy`, default sync; several, comma-separated: a run each, their rounds fitted together, so that
+   launches, finishes and decode steps vary apart), whose rounds, beside their prediction, give the live path's time a
    launch (`EngineProfile.launch_s`, SGLang only), a decode step (`step_s`: the driver's thread shares the
    engine's interpreter and cores here) and, from tail rounds, which differ in their finished requests, a
    finished request (`event_s`; alone where the trainer trains beside the rollout), and whose step records
@@ -54,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 
 from results_md import write_section  # noqa: E402
 from sim_vs_real_calibrate import GRIDS, calibrate, calibrate_trainer, machine, model_dir  # noqa: E402
-from sim_vs_real_fit import finished, fit_policy, fit_round, refit, with_live_term  # noqa: E402, F401
+from sim_vs_real_fit import (after_warmup, finished, fit_policy, fit_round, fit_runs, predict_fit_runs, refit,  # noqa: E402, F401
+                             with_live_term)
 from sim_vs_real_predict import Workload, dataset_size, predict, repredict  # noqa: E402
 from sim_vs_real_report import headline, profile_line, report, round_rows, streams_training  # noqa: E402
 
@@ -110,11 +112,15 @@ def run(args) -> dict:
     urls, servers = start_servers(args, out)
     try:
         profile = calibrate(args, out, urls)
-        fit = Workload(args.fit_workload, args.fit_scale_from)
-        fit_records, tokens = real_run(args, fit_policy(args), 0, fit, args.fit_steps, out / "fit", urls)
+        fit, policies, fit_records = Workload(args.fit_workload, args.fit_scale_from), fit_policy(args).split(","), []
+        for policy in policies:
+            records, tokens = real_run(args, policy, 0, fit, args.fit_steps,
+                                       out / ("fit" if len(policies) == 1 else f"fit-{policy}"), urls)
+            fit_records += [{**r, "policy": policy} for r in records]
         stages = calibrate_trainer(args, tokens)
-        stages |= {"reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in fit_records[1:]), 1e-4),
-                   "optimizer_s": stages["optimizer_s"] + statistics.median(r["sync_s"] for r in fit_records[1:])}
+        later = after_warmup(fit_runs(args, fit_records))
+        stages |= {"reward_median_s": max(statistics.median(r["reward_latency_s_mean"] for r in later), 1e-4),
+                   "optimizer_s": stages["optimizer_s"] + statistics.median(r["sync_s"] for r in later)}
         profile = with_live_term(args, profile, out, fit_records, stages, tokens)
         profile_path = out / "profile.json"
         print(f"stages: {stages}\nprofile: {profile_line(profile)}", flush=True)
@@ -154,6 +160,16 @@ def start_servers(args, out: Path):
     return list(group.urls), group
 
 
+def fit_policies(text: str) -> str:
+    """--fit-policy: policies among sync, tail and sorted, comma-separated, each once."""
+    policies = text.split(",")
+    wrong = [p for p in policies if p not in ("sync", "tail", "sorted")]
+    if wrong or len(set(policies)) != len(policies):
+        raise argparse.ArgumentTypeError(f"{text!r}: sync, tail or sorted, comma-separated, each once"
+                                         + (f" ({wrong[0]!r} is none of them)" if wrong else ""))
+    return text
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="<= 4 minutes: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
@@ -166,10 +182,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "share of a decode step (step_s) and the scorer's latency")
     ap.add_argument("--fit-scale-from", type=int, default=1000, help="fit workload's trace tokens that map to "
                     "--max-tokens (azure-conv's cap is 1000)")
-    ap.add_argument("--fit-policy", choices=("sync", "tail", "sorted"), default="sync", help="the fit run's policy: tail "
-                    "rounds differ in their finished requests (short and long rounds), so a finished request's "
-                    "live cost (event_s) is fitted beside a launch's and a decode step's; sorted: its refills "
-                    "also make the launches differ from the finishes (submit_s); sync: those two only")
+    ap.add_argument("--fit-policy", type=fit_policies, default="sync", help="the fit run's policy, or several "
+                    "comma-separated (a fit run each, their rounds fitted together): tail rounds differ in their "
+                    "finished requests (short and long rounds), so a finished request's live cost (event_s) is fitted "
+                    "beside a launch's and a decode step's; sorted: its refills also make the launches differ from "
+                    "the finishes (submit_s); sync: those two only")
     ap.add_argument("--train-beside", action="store_true", help="train beside the rollout, on the engine's cores "
                     "(the live term is then fitted per finished request); default: after the round")
     ap.add_argument("--policies", default="sync,tail,sorted")

@@ -24,25 +24,28 @@ round's decode steps and its launch waits."""
 
 def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
                    micro_batch_tokens: int) -> EngineProfile:
-    """The profile with the live path's extra time fitted on the fit run's rounds (beside their prediction
+    """The profile with the live path's extra time fitted on the fit runs' rounds (beside their prediction
     without it), saved as `out`/profile.json: where training waits for the round (colocated), `fit_time_terms`
     and, on SGLang where the fit rounds differ in their finished requests (`--fit-policy tail`), `return_s` an
     answer's way back, from the rounds' generated tokens (the requests decode on while an answer travels; the
     time terms fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
-    micro-batches follow the finished requests)."""
-    def fit(candidate: EngineProfile) -> list[dict]:  # the fit run's steps, predicted with `candidate`
-        return predict(args, out / "profile.json", fit_policy(args), 0, Workload(args.fit_workload, args.fit_scale_from),
-                       len(fit_records), stages, micro_batch_tokens, 2 if args.engine == "sglang" else 1, candidate)
+    micro-batches follow the finished requests).  `fit_records`: the fit runs' steps, one run after another
+    (`fit_runs`)."""
+    runs = fit_runs(args, fit_records)
 
-    measured, rounds = [r["rollout_s"] for r in fit_records[1:]], fit_records[1:]
+    def fit(candidate: EngineProfile) -> list[dict]:
+        return predict_fit_runs(args, runs, candidate, out / "profile.json", stages, micro_batch_tokens)
+
+    rounds = after_warmup(runs)
+    measured = [r["rollout_s"] for r in rounds]
     if streams_training(args):
-        plain = [g["rollout_s"] for g in fit(attrs.evolve(profile, launch_s=0.0, step_s=0.0, event_s=0.0))[1:]]
+        plain = [g["rollout_s"] for g in fit(attrs.evolve(profile, launch_s=0.0, step_s=0.0, event_s=0.0))]
         profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
             list(zip(measured, map(finished, rounds))), plain))
     else:
         profile = fit_time_terms(args, profile, fit, measured, rounds)
         if args.engine == "sglang" and len({finished(r) for r in rounds}) > 1:
-            tokens = {c: [g["generated_tokens"] for g in fit(attrs.evolve(profile, return_s=c))[1:]] for c in RETURNS}
+            tokens = {c: [g["generated_tokens"] for g in fit(attrs.evolve(profile, return_s=c))] for c in RETURNS}
             returned = fit_return_s([sum(q[1] for q in r["requests"]) for r in rounds], tokens)
             profile = fit_time_terms(args, attrs.evolve(profile, return_s=returned), fit, measured, rounds)
     profile.save(out / "profile.json")
@@ -61,7 +64,7 @@ def fit_time_terms(args, profile: EngineProfile, fit, measured: list[float], rou
     launched request."""
     guesses, zero = [], {"launch_s": 0.0, "step_s": 0.0, "event_s": 0.0, "submit_s": 0.0}
     for probe in ({}, *({term: PROBE_S} for term in zero)):
-        guesses.append([g["rollout_s"] for g in fit(attrs.evolve(profile, **{**zero, **probe}))[1:]])
+        guesses.append([g["rollout_s"] for g in fit(attrs.evolve(profile, **{**zero, **probe}))])
     launches, steps, events, submits = ([(probed - plain) / PROBE_S for plain, probed in zip(guesses[0], g)]
                                         for g in guesses[1:])
     sglang = args.engine == "sglang"  # (the embedded engine is called in-process: no submission path to pay)
@@ -72,8 +75,35 @@ def fit_time_terms(args, profile: EngineProfile, fit, measured: list[float], rou
 
 
 def fit_policy(args) -> str:
-    """The fit run's policy (a result measured before --fit-policy existed used sync)."""
+    """The fit runs' policies, comma-separated (a result measured before --fit-policy existed used sync)."""
     return getattr(args, "fit_policy", None) or "sync"
+
+
+def fit_runs(args, fit_records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """(policy, its steps) of each fit run, from their steps one run after another, each tagged with its policy
+    (a result measured before several fit runs: one run of `fit_policy`)."""
+    runs: list[tuple[str, list[dict]]] = []
+    for record in fit_records:
+        policy = record.get("policy", fit_policy(args))
+        if not runs or runs[-1][0] != policy:
+            runs.append((policy, []))
+        runs[-1][1].append(record)
+    return runs
+
+
+def predict_fit_runs(args, runs: list[tuple[str, list[dict]]], candidate: EngineProfile, profile_path: Path,
+                     stages: dict, micro_batch_tokens: int) -> list[dict]:
+    """The simulator's steps of the fit `runs` with the profile `candidate` (saved as `profile_path`), each run
+    under its own policy, its warm-up left out: beside `after_warmup(runs)`."""
+    workload, instances = Workload(args.fit_workload, args.fit_scale_from), 2 if args.engine == "sglang" else 1
+    return [step for policy, records in runs
+            for step in predict(args, profile_path, policy, 0, workload, len(records), stages, micro_batch_tokens,
+                                instances, candidate)[1:]]
+
+
+def after_warmup(runs: list[tuple[str, list[dict]]]) -> list[dict]:
+    """The fit runs' steps but each run's first (a warm-up, left out on both sides)."""
+    return [record for _, records in runs for record in records[1:]]
 
 
 def finished(record: dict) -> int:
@@ -83,7 +113,8 @@ def finished(record: dict) -> int:
 
 def fit_round(record: dict) -> dict:
     """What the live terms' fit reads of a fit run's step record (kept in the result)."""
-    return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]]}
+    return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]],
+            **({"policy": record["policy"]} if "policy" in record else {})}
 
 
 def refit(result: dict, out: Path) -> dict:

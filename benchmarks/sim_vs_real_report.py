@@ -96,7 +96,8 @@ def report(result: dict) -> str:
              "measurements (`--report DIR --refit`) after the latency model's terms were fixed." if result.get("refit")
              else ""), "",
              f"Profile (decode and prefill fitted on the calibration grid, the live path's terms on the fit workload's "
-             f"{getattr(a, 'fit_policy', None) or 'sync'} run): "
+             f"{' and '.join((getattr(a, 'fit_policy', None) or 'sync').split(','))} "
+             f"run{'s' * (',' in (getattr(a, 'fit_policy', None) or ''))}): "
              f"{profile_line(EngineProfile(**result['profile']))}.",
              "Other stages (the trainer calibrated on its own grid; the scorer's latency and the weight sync from the "
              "fit run): " + ", ".join(f"{k} {v:.4g}" for k, v in result["stages"].items()) + ".", "",
