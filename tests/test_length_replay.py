@@ -68,6 +68,18 @@ def test_every_request_stops_at_its_trace_length(replayed):
 
 
 @pytest.mark.timeout(300)
+def test_each_request_says_when_it_was_launched_and_answered_within_its_round(replayed):
+    """`request_spans`: [launch, answer] of each of `requests`, seconds from the step's start, within the
+    round, which ends with the last answer."""
+    _, records = replayed
+    for record in records:
+        spans = record["request_spans"]
+        assert len(spans) == len(record["requests"]) > 0
+        assert all(0 <= start <= end <= record["rollout_s"] + 1e-3 for start, end in spans), (spans, record["rollout_s"])
+        assert max(end for _, end in spans) == pytest.approx(record["rollout_s"], abs=5e-3), "the last answer ends the round"
+
+
+@pytest.mark.timeout(300)
 def test_nothing_the_scheduler_holds_reaches_the_trace(replayed):
     """The policy is the scheduler's: a policy that wanted the trace lengths could reach only what the
     scheduler reaches, and that holds neither the replay nor its workload (while the engine does)."""

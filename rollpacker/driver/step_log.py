@@ -130,6 +130,7 @@ class StepLog:
         tokens = sum(s.num_tokens for s in self.train_stats)
         entropy = sum(s.entropy_sum for s in self.train_stats)
         waits = self.reward_waits
+        ended = [i for i in self.intervals.values() if i.finish_reason]
         return step_record(
             self.report, self.times(end), self.occupancy, capacity,
             mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
@@ -145,7 +146,7 @@ class StepLog:
             train_forwards=sum(s.forwards for s in self.train_stats),
             train_padded_tokens=sum(s.padded_tokens for s in self.train_stats),
             grad_norm=self.step_stats.grad_norm if self.step_stats is not None else None,
-            requests=[[i.prompt, i.num_tokens, i.finish_reason, i.request_id, i.reward]
-                      for i in self.intervals.values() if i.finish_reason],
+            requests=[[i.prompt, i.num_tokens, i.finish_reason, i.request_id, i.reward] for i in ended],
+            request_spans=[[round(i.start, 4), round(i.end, 4)] for i in ended],
             train_spans=[[round(a, 4), round(b, 4), what] for a, b, what in self.train_spans],
         )
