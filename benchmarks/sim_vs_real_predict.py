@@ -46,8 +46,10 @@ def sim_constants(stages: dict, stream: bool = False) -> SimConstants:
 # -- prediction -----------------------------------------------------------------------------------------
 
 def predict(args, profile_path: Path, policy: str, seed: int, workload: Workload, steps: int, stages: dict,
-            micro_batch_tokens: int, instances: int, profile: EngineProfile | None = None) -> list[dict]:
-    """Part 4: the simulator's steps of the same run (with `profile` saved as `profile_path` first, if given)."""
+            micro_batch_tokens: int, instances: int, profile: EngineProfile | None = None,
+            simulation=Simulation) -> list[dict]:
+    """Part 4: the simulator's steps of the same run (with `profile` saved as `profile_path` first, if given;
+    `simulation`: the class, or a callable taking its arguments, that simulates it)."""
     from rollpacker.train.replay import ReplayOptions
 
     if profile is not None:
@@ -59,7 +61,8 @@ def predict(args, profile_path: Path, policy: str, seed: int, workload: Workload
                        engine_profile=str(profile_path), bubble_capacity=args.capacity)
     lengths = prompt_lengths(args, seed)
     replay = ReplayOptions(replay_lengths=workload.name, replay_scale_from=workload.scale_from)
-    sim = Simulation(config, sim_constants(stages, stream=streams_training(args)), workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
+    sim = simulation(config, sim_constants(stages, stream=streams_training(args)),
+                     workload=replay.workload(len(lengths), lengths, seed, args.max_tokens),
                      batcher=BatcherConfig(token_budget=micro_batch_tokens))
     return sim.run()["steps"]
 

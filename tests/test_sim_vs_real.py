@@ -324,3 +324,27 @@ def test_sglang_fitted_on_a_sync_and_a_sortedrl_run_refits_to_its_profile_and_st
     for term in ("launch_s", "return_s", "submit_s", "step_s", "event_s"):
         assert again["profile"][term] == pytest.approx(result["profile"][term], rel=0.01, abs=1e-5), term
     assert_within(sim_vs_real.repredict(again, tmp_path), SGLANG_MIXEDFIT_ROUND_BOUND, SGLANG_MIXEDFIT_RATIO_BOUND)
+
+
+@pytest.mark.timeout(300)
+def test_a_real_rounds_requests_are_listed_beside_the_simulators_by_id(tmp_path):
+    """Through the live path: a SortedRL run of the reference trainer replaying the check workload on the embedded
+    engine, then its rounds request by request beside the simulation of the same run: both sides name the same
+    requests at a round's start (the core names them), each with its launch and its answer."""
+    import sim_vs_real_timeline
+
+    committed = json.loads(MEASURED.read_text())
+    args = sim_vs_real.parse_args(["--engine", "embedded", "--model", "tiny", "--steps", "3", "--prompts", "2",
+                                   "--samples", "2", "--max-tokens", "32", "--capacity", "4", "--policies", "sorted"])
+    records, tokens = sim_vs_real.real_run(args, "sorted", 0, sim_vs_real.Workload(args.workload, args.scale_from), 3,
+                                           tmp_path / "sorted-0", None)
+    result = {"args": vars(args), "profile": committed["profile"], "stages": committed["stages"],
+              "micro_batch_tokens": tokens}
+    sim = sim_vs_real_timeline.simulated(result, "sorted", 0).spans
+    for record in records[1:]:
+        table = sim_vs_real_timeline.rows(sim_vs_real_timeline.measured_spans(record), sim[record["step"]])
+        assert sorted(t[0] for t in table) == sorted(q[3] for q in record["requests"])
+        first = [t for t in table if t[1] - table[0][1] < 0.005]
+        assert first and all(t[2] is not None and t[2] < 0.005 and t[4] > t[2] for t in first), first
+    text = sim_vs_real_timeline.report(result, tmp_path, "sorted", 0, [1])
+    assert "step 1 (" in text and "step 2 (" not in text and "first  launch:" in text and "stop   answer:" in text
