@@ -6,9 +6,9 @@ requests the time goes: the first answers, the refills' launches, the aborts, th
     .venv/bin/python benchmarks/sim_vs_real_timeline.py DIR --policy sorted --seed 1 [--steps 3,4]
 
 DIR: a `benchmarks/sim_vs_real.py --out DIR` whose runs kept their step records (DIR/POLICY-SEED/metrics.jsonl,
-with `request_spans`: a run measured after they were recorded).  Requests are matched by id: the core names
-them in launch order, the same on both sides while their schedules agree (a request one side never launched
-is listed with the other side's figures alone).
+with `request_spans`: a run measured after they were recorded).  Requests are matched by (prompt, k): the k-th
+request of a prompt over the run, which the replay gives the same length on both sides; where the two sides
+launched it in different steps, the step's row has the measured side alone.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class TimedSimulation(Simulation):
 
     def launch(self, launches) -> None:
         for cmd in launches:
-            self._here()[cmd.request_id] = [self.now - self.step_start, None]
+            self._here()[cmd.request_id] = [self.now - self.step_start, None, cmd.prompt.index]
         super().launch(launches)
 
     def _answer(self, at: float, event) -> None:
@@ -47,11 +47,31 @@ class TimedSimulation(Simulation):
         super()._answer(at, event)
 
 
-def measured_spans(record: dict) -> dict[str, tuple]:
-    """request id -> (launch, answer, tokens, finish reason) of a measured step record."""
-    if "request_spans" not in record:
+def measured_steps(records: list[dict]) -> list[dict[tuple, tuple]]:
+    """Per measured step record: (prompt, k) -> (launch, answer, tokens, finish reason, id)."""
+    if any("request_spans" not in r for r in records):
         raise SystemExit("this run's step records have no request_spans: measure it again with this tree")
-    return {q[3]: (*span, q[1], q[2]) for q, span in zip(record["requests"], record["request_spans"])}
+    return keyed([sorted(((span[0], q[3]), (q[0], *span, q[1], q[2], q[3])) for q, span in
+                         zip(r["requests"], r["request_spans"])) for r in records])
+
+
+def simulated_steps(spans: dict[int, dict[str, list]], steps: int) -> list[dict[tuple, tuple]]:
+    """Per simulated step: (prompt, k) -> (launch, answer, id), from `TimedSimulation.spans`."""
+    return keyed([[((launch, rid), (prompt, launch, answer, rid)) for rid, (launch, answer, prompt) in
+                   spans.get(step, {}).items()] for step in range(steps)])
+
+
+def keyed(steps: list[list[tuple]]) -> list[dict[tuple, tuple]]:
+    """Each step's requests ((order, (prompt, *rest)) in launch order) keyed by (prompt, k), k counting a
+    prompt's requests over the run."""
+    seen: dict[int, int] = {}
+    out = []
+    for step in steps:
+        out.append({})
+        for _, (prompt, *rest) in step:
+            k = seen[prompt] = seen.get(prompt, -1) + 1
+            out[-1][prompt, k] = tuple(rest)
+    return out
 
 
 def simulated(result: dict, policy: str, seed: int) -> TimedSimulation:
@@ -69,10 +89,11 @@ def simulated(result: dict, policy: str, seed: int) -> TimedSimulation:
     return holder["sim"]
 
 
-def rows(real: dict[str, tuple], sim: dict[str, list]) -> list[tuple]:
-    """(id, launch real, launch sim, answer real, answer sim, tokens real, reason real) in the real launch order."""
-    return [(rid, r[0], sim.get(rid, [None, None])[0], r[1], sim.get(rid, [None, None])[1], r[2], r[3])
-            for rid, r in sorted(real.items(), key=lambda kv: kv[1][0])]
+def rows(real: dict[tuple, tuple], sim: dict[tuple, tuple]) -> list[tuple]:
+    """((prompt, k), launch real, launch sim, answer real, answer sim, tokens real, reason real) of one step, in
+    the real launch order (None where the simulation did not launch that request in that step)."""
+    return [(key, r[0], sim.get(key, (None,))[0], r[1], sim.get(key, (None, None))[1], r[2], r[3])
+            for key, r in real.items()]
 
 
 def offsets(table: list[tuple], which: str) -> list[float]:
@@ -86,17 +107,17 @@ def offsets(table: list[tuple], which: str) -> list[float]:
 
 def report(result: dict, out: Path, policy: str, seed: int, steps: list[int] | None) -> str:
     records = [json.loads(line) for line in (out / f"{policy}-{seed}" / "metrics.jsonl").read_text().splitlines()]
-    sim = simulated(result, policy, seed).spans
+    real, sim = measured_steps(records), simulated_steps(simulated(result, policy, seed).spans, len(records))
     lines, summary = [], {k: [] for k in ("first", "refill", "stop", "abort")}
     for record in records[1:]:
         step = record["step"]
-        table = rows(measured_spans(record), sim.get(step, {}))
+        table = rows(real[step], sim[step])
         for kind in summary:
             summary[kind] += offsets(table, kind)
         if steps is None or step in steps:
             lines += [f"step {step} ({record['round']}): rollout {record['rollout_s']:.3f} s measured; "
-                      "id | launch real / sim | answer real / sim | tokens | reason"]
-            lines += [f"  {rid} | {a:.3f} / {fmt(b)} | {c:.3f} / {fmt(d)} | {n} | {why}" for rid, a, b, c, d, n, why in table]
+                      "(prompt, k) | launch real / sim | answer real / sim | tokens | reason"]
+            lines += [f"  {key} | {a:.3f} / {fmt(b)} | {c:.3f} / {fmt(d)} | {n} | {why}" for key, a, b, c, d, n, why in table]
     lines.append(f"{policy} seed {seed}, steps 1-{records[-1]['step']}: real - simulated, median (count)")
     lines += [f"  {kind:6s} {'launch' if kind in ('first', 'refill') else 'answer'}: "
               f"{statistics.median(v) * 1e3:+.1f} ms ({len(v)})" for kind, v in summary.items() if v]
