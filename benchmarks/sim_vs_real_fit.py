@@ -112,9 +112,10 @@ def finished(record: dict) -> int:
 
 
 def fit_round(record: dict) -> dict:
-    """What the live terms' fit reads of a fit run's step record (kept in the result)."""
+    """What the live terms' fit reads of a fit run's step record (kept in the result), with its requests' launches
+    and answers (`request_spans`) where the run recorded them: for a fit of the live rounds' abort latency."""
     return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]],
-            **({"policy": record["policy"]} if "policy" in record else {})}
+            **{key: record[key] for key in ("policy", "request_spans") if key in record}}
 
 
 def refit(result: dict, out: Path) -> dict:
