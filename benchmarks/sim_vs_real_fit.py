@@ -5,6 +5,7 @@ model's terms (`refit`)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -82,13 +83,8 @@ def fit_policy(args) -> str:
 def fit_runs(args, fit_records: list[dict]) -> list[tuple[str, list[dict]]]:
     """(policy, its steps) of each fit run, from their steps one run after another, each tagged with its policy
     (a result measured before several fit runs: one run of `fit_policy`)."""
-    runs: list[tuple[str, list[dict]]] = []
-    for record in fit_records:
-        policy = record.get("policy", fit_policy(args))
-        if not runs or runs[-1][0] != policy:
-            runs.append((policy, []))
-        runs[-1][1].append(record)
-    return runs
+    return [(policy, list(steps)) for policy, steps in
+            itertools.groupby(fit_records, key=lambda record: record.get("policy", fit_policy(args)))]
 
 
 def predict_fit_runs(args, runs: list[tuple[str, list[dict]]], candidate: EngineProfile, profile_path: Path,
