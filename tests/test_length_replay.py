@@ -80,6 +80,24 @@ def test_each_request_says_when_it_was_launched_and_answered_within_its_round(re
 
 
 @pytest.mark.timeout(300)
+def test_each_abort_call_is_recorded_before_the_answers_it_caused(replayed):
+    """`abort_calls`: [when, how many] of each abort sent; every aborted answer comes after the first call, and the
+    calls named at least as many requests as came back aborted (a request that finished first answers "stop")."""
+    _, records = replayed
+    aborted_rounds = 0
+    for record in records:
+        calls = record["abort_calls"]
+        aborted = [end for (_, _, reason, *_), (_, end) in zip(record["requests"], record["request_spans"])
+                   if reason == "abort"]
+        assert sum(count for _, count in calls) >= len(aborted)
+        assert all(0 <= at <= record["rollout_s"] + 1e-3 and count > 0 for at, count in calls), calls
+        if aborted:
+            aborted_rounds += 1
+            assert min(aborted) >= calls[0][0], (aborted, calls)
+    assert aborted_rounds > 0  # tail batching aborted the rest of its short rounds
+
+
+@pytest.mark.timeout(300)
 def test_nothing_the_scheduler_holds_reaches_the_trace(replayed):
     """The policy is the scheduler's: a policy that wanted the trace lengths could reach only what the
     scheduler reaches, and that holds neither the replay nor its workload (while the engine does)."""

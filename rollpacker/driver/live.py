@@ -204,6 +204,7 @@ class LiveBackend(NoticeObserver):
             self._log.launched(c.request_id, at, c.prompt.index, request, tuple(seg.request_id for seg in c.resume))
 
     def abort(self, request_ids: Sequence[str]) -> None:
+        self._log.abort_calls.append((self.clock.now() - self._log.start, len(request_ids)))
         self.engine.abort(list(request_ids))
 
     def keep(self, notice: commands.ScoreSample) -> None:

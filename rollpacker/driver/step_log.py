@@ -63,6 +63,8 @@ class StepLog:
     report: Any = None
     train_spans: list[tuple[float, float, str]] = field(factory=list)
     """(start, end, what) of each micro-batch and the optimizer step, seconds from the step's start, in order."""
+    abort_calls: list[tuple[float, int]] = field(factory=list)
+    """(when, how many requests) of each abort the driver sent the engine, seconds from the step's start."""
     rewards_done: float = 0.0
     """When the last reward answer the step waited for came, seconds from the step's start."""
     sync_s: float = 0.0
@@ -149,4 +151,5 @@ class StepLog:
             requests=[[i.prompt, i.num_tokens, i.finish_reason, i.request_id, i.reward] for i in ended],
             request_spans=[[round(i.start, 4), round(i.end, 4)] for i in ended],
             train_spans=[[round(a, 4), round(b, 4), what] for a, b, what in self.train_spans],
+            abort_calls=[[round(at, 4), count] for at, count in self.abort_calls],
         )
