@@ -281,6 +281,7 @@ def test_a_real_runs_trainer_stage_is_compared_step_by_step_with_the_simulators(
     assert [r["step"] for r in rows] == [1, 2]
     kept = sim_vs_real.fit_round(records[1])
     assert kept["request_spans"] == records[1]["request_spans"] and len(kept["requests"]) == len(kept["request_spans"])
+    assert kept["abort_calls"] == records[1]["abort_calls"]
     for row, record, predicted in zip(rows, records[1:], sim[1:]):
         assert row["train"][0] == record["train_s"] + record["sync_s"] > 0
         assert row["train"][1] == predicted["train_s"] + predicted["sync_s"] > 0
