@@ -52,7 +52,8 @@ def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
         engine.close()
     profile = fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
                           date=time.strftime("%Y-%m-%d"), max_running=capacity, kv_capacity=capacity * 8192,
-                          admit_fraction=admit_fraction(args), shared_prefill=shared_prefill(args), **aborts)
+                          admit_fraction=admit_fraction(args), shared_prefill=shared_prefill(args),
+                          attention_columns=attention_columns(args), **aborts)
     profile.save(out / "profile.json")
     print(f"profile: {profile_line(profile)}", flush=True)
     return profile
@@ -93,6 +94,15 @@ def shared_prefill(args) -> bool:
     (`EngineProfile.shared_prefill`): the embedded engine does (`Runner.prefill`); SGLang's default
     first-come schedule does not."""
     return args.engine != "sglang"
+
+
+def attention_columns(args) -> int:
+    """The columns a decode step's rows attend (`EngineProfile.attention_columns`): the embedded engine attends
+    every row over the longest row's context, rounded up to its device's column multiple; SGLang's paged
+    attention, each row its own (0)."""
+    from rollpacker.backends.embedded.buckets import COL_MULTIPLE
+
+    return 0 if args.engine == "sglang" else COL_MULTIPLE["cuda" if args.device == "cuda" else "cpu"]
 
 
 def engine_name(args) -> str:

@@ -7,15 +7,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import tempfile
 from pathlib import Path
 
 import attrs
 from sim_vs_real_calibrate import shared_prefill
-from sim_vs_real_predict import Workload, predict
+from sim_vs_real_predict import Workload, instances_of, predict
 from sim_vs_real_report import streams_training
 
-from rollpacker.sim.engine_profile import EngineProfile, Run, fit_event_s, fit_live_terms, fit_profile, fit_return_s
+from rollpacker.sim.engine_profile import (EngineProfile, Run, fit_abort, fit_event_s, fit_live_terms, fit_profile,
+                                           fit_return_s)
 
 
 PROBE_S = 1e-3
@@ -26,7 +28,8 @@ round's decode steps and its launch waits."""
 def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[dict], stages: dict,
                    micro_batch_tokens: int) -> EngineProfile:
     """The profile with the live path's extra time fitted on the fit runs' rounds (beside their prediction
-    without it), saved as `out`/profile.json: where training waits for the round (colocated), `fit_time_terms`
+    without it), saved as `out`/profile.json: first the abort latency, measured on the rounds that recorded their
+    aborts (`with_live_aborts`), then, where training waits for the round (colocated), `fit_time_terms`
     and, on SGLang where the fit rounds differ in their finished requests (`--fit-policy tail`), `return_s` an
     answer's way back, from the rounds' generated tokens (the requests decode on while an answer travels; the
     time terms fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
@@ -39,6 +42,7 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
 
     rounds = after_warmup(runs)
     measured = [r["rollout_s"] for r in rounds]
+    profile = with_live_aborts(profile, live_aborts(rounds, instances_of(args)))
     if streams_training(args):
         plain = [g["rollout_s"] for g in fit(attrs.evolve(profile, launch_s=0.0, step_s=0.0, event_s=0.0))]
         profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
@@ -51,6 +55,32 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
             profile = fit_time_terms(args, attrs.evolve(profile, return_s=returned), fit, measured, rounds)
     profile.save(out / "profile.json")
     return profile
+
+
+def live_aborts(rounds: list[dict], instances: int) -> list[tuple[int, float]]:
+    """(requests caught on an instance, seconds from the abort call to the last aborted answer) of each fit round
+    that sent one abort call and had requests come back aborted (`abort_calls`, `request_spans`; a tail round's
+    several calls are left out: which answer follows which call is not recorded).  The requests caught are
+    spread over the instances as the launches were (an even share, rounded up: the last answer is the fuller
+    instance's)."""
+    points = []
+    for r in rounds:
+        calls = r.get("abort_calls") or []
+        ends = [end for q, (_, end) in zip(r["requests"], r.get("request_spans", [])) if q[2] == "abort"]
+        if len(calls) == 1 and ends:
+            points.append((math.ceil(len(ends) / instances), max(ends) - calls[0][0]))
+    return points
+
+
+def with_live_aborts(profile: EngineProfile, points: list[tuple[int, float]]) -> EngineProfile:
+    """`profile` with its abort latency fitted on live rounds' `points` (`live_aborts`, kept in its fit as
+    `live_aborts`) where they number 3 or more at 2 or more counts; else the calibration's, measured on idle
+    aborts of one instance while any other stood idle (on SGLang here a live round's took twice as long)."""
+    if len(points) < 3 or len({caught for caught, _ in points}) < 2:
+        return profile
+    fitted = fit_abort(points)
+    return attrs.evolve(profile, abort_s=fitted["abort_s"], abort_request_s=fitted["abort_request_s"],
+                        fit={**profile.fit, "live_aborts": [[c, round(s, 4)] for c, s in points]})
 
 
 RETURNS = tuple(i * 0.01 for i in range(16))
@@ -91,7 +121,7 @@ def predict_fit_runs(args, runs: list[tuple[str, list[dict]]], candidate: Engine
                      stages: dict, micro_batch_tokens: int) -> list[dict]:
     """The simulator's steps of the fit `runs` with the profile `candidate` (saved as `profile_path`), each run
     under its own policy, its warm-up left out: beside `after_warmup(runs)`."""
-    workload, instances = Workload(args.fit_workload, args.fit_scale_from), 2 if args.engine == "sglang" else 1
+    workload, instances = Workload(args.fit_workload, args.fit_scale_from), instances_of(args)
     return [step for policy, records in runs
             for step in predict(args, profile_path, policy, 0, workload, len(records), stages, micro_batch_tokens,
                                 instances, candidate)[1:]]
@@ -124,7 +154,8 @@ def refit(result: dict, out: Path) -> dict:
     profile = fit_profile(runs, engine=old.engine, model=old.model, machine=old.machine, date=old.date,
                           max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
                           abort_request_s=old.abort_request_s, aborts=old.fit.get("aborts"),
-                          admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args))
+                          admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args),
+                          attention_columns=old.attention_columns)
     records = result.get("fit_rounds") or [fit_round(json.loads(line))
                                            for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
     profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,

@@ -26,6 +26,11 @@ class Workload:
     scale_from: int
 
 
+def instances_of(args) -> int:
+    """The engine instances a run of `args` uses: two SGLang servers, one embedded engine."""
+    return 2 if args.engine == "sglang" else 1
+
+
 def dataset_size(args) -> int:
     return 8 * args.prompts
 
@@ -90,7 +95,7 @@ def repredict(result: dict, out: Path) -> dict:
     args = argparse.Namespace(**result["args"])
     profile_path = out / "profile.json"
     EngineProfile(**result["profile"]).save(profile_path)
-    check, instances = Workload(args.workload, args.scale_from), 2 if args.engine == "sglang" else 1
+    check, instances = Workload(args.workload, args.scale_from), instances_of(args)
     runs = []
     for policy, seed, rows in result["runs"]:
         sim = predict(args, profile_path, policy, seed, check, args.steps, result["stages"],

@@ -15,7 +15,8 @@ def profile_line(p: EngineProfile) -> str:
     return (f"t0 {p.t0 * 1e3:.2f} ms, t1 {p.t1 * 1e3:.3f} ms/row, t2 {p.t2 * 1e6:.3f} us/context token, "
             f"prefill {p.prefill_t1 * 1e6:.1f} us/token + t0 "
             + ("(a prompt once for its samples admitted together)" if p.shared_prefill else "(each request its own)")
-            + f", run overhead {p.run_overhead_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms + {p.abort_request_s * 1e3:.1f} ms a request caught, "
+            + f", run overhead {p.run_overhead_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms + {p.abort_request_s * 1e3:.1f} ms a request caught"
+            + (" (on the fit runs' live rounds)" if "live_aborts" in p.fit else "") + ", "
             + f"live path {p.launch_s * 1e3:.1f} ms a launch + {p.return_s * 1e3:.0f} ms an answer's way back + "
             f"{p.submit_s * 1e3:.1f} ms a launched request + {p.step_s * 1e3:.2f} ms a decode step + "
             f"{p.event_s * 1e3:.2f} ms a finished request; "

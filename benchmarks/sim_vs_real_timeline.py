@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real_predict import Workload, predict  # noqa: E402
+from sim_vs_real_predict import Workload, instances_of, predict  # noqa: E402
 
 from rollpacker.sim.engine_profile import EngineProfile  # noqa: E402
 from rollpacker.sim.simulation import Simulation  # noqa: E402
@@ -84,7 +84,7 @@ def simulated(result: dict, policy: str, seed: int) -> TimedSimulation:
         return holder["sim"]
 
     predict(args, path, policy, seed, Workload(args.workload, args.scale_from), args.steps, result["stages"],
-            result["micro_batch_tokens"], 2 if args.engine == "sglang" else 1, EngineProfile(**result["profile"]),
+            result["micro_batch_tokens"], instances_of(args), EngineProfile(**result["profile"]),
             simulation=keep)
     return holder["sim"]
 

@@ -78,3 +78,31 @@ def test_the_trainers_optimizer_step_is_timed_warm_and_after_a_backward():
     assert len(steps) == 4 and steps[0][2] == 0, "one untimed step that allocates the state, then 3 timed"
     assert all(grads and state > 0 for _, grads, state in steps[1:]), "each timed step is warm, with gradients"
     assert timings[-1][3] == pytest.approx(statistics.median(s for s, *_ in steps[1:]), abs=2e-3)
+
+
+def test_the_profile_says_the_embedded_engine_attends_the_columns_its_decode_reads(engine):
+    """The calibrated profile's `attention_columns` is the engine's own: a decode of rows of unequal context reads
+    the longest row's, rounded up to the runner's column multiple; SGLang's paged attention reads each row's."""
+    import argparse
+    import sys
+    import time
+    from pathlib import Path
+
+    from rollpacker.core.protocols import GenerationRequest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from sim_vs_real_calibrate import attention_columns
+
+    engine, _ = engine
+    runner = engine._batch._runner
+    columns = attention_columns(argparse.Namespace(engine="embedded", device=str(runner.device)))
+    assert columns == runner.col_multiple > 1
+    assert attention_columns(argparse.Namespace(engine="sglang", device="cpu")) == 0
+    before = set(runner.decode_keys)
+    engine.submit([GenerationRequest(f"cols{n}", tuple(range(10, 10 + n)), 2, ignore_eos=True) for n in (3, 40)])
+    done, deadline = set(), time.monotonic() + 60
+    while len(done) < 2 and time.monotonic() < deadline:
+        done |= {out.request_id for out in engine.poll(0.05) if isinstance(out, GenerationResult)}
+    assert len(done) == 2
+    read = {cols for rows, _, cols in runner.decode_keys - before if rows == 2}
+    assert read == {-(-41 // columns) * columns}, runner.decode_keys - before

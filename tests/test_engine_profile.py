@@ -7,6 +7,8 @@ import json
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rollpacker.sim.cli import main as simulate
 from rollpacker.sim.config import SimConfig
@@ -57,6 +59,8 @@ def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
     (lambda d: d.update(launch_s=float("nan")), "launch_s must be a finite number >= 0"),
     (lambda d: d.update(return_s=-0.04), "return_s must be a finite number >= 0"),
     (lambda d: d.update(submit_s="7 ms"), "submit_s must be a finite number >= 0"),
+    (lambda d: d.update(attention_columns=16.5), "attention_columns must be a whole number"),
+    (lambda d: d.update(attention_columns=-16), "attention_columns must be a finite number >= 0"),
 ])
 def test_a_bad_profile_is_one_error_naming_the_file_and_the_field(tmp_path, change, message):
     data = profile().to_dict()
@@ -316,3 +320,21 @@ def test_the_abort_terms_are_fitted_from_latencies_at_several_counts_and_kept_in
     loaded = load_profile(tmp_path / "p.json")
     assert (loaded.abort_s, loaded.abort_request_s) == (fitted["abort_s"], fitted["abort_request_s"])
     assert loaded.fit["aborts"] == [list(p) for p in points]
+
+
+@given(contexts=st.lists(st.integers(1, 2000), min_size=1, max_size=12), columns=st.sampled_from([0, 1, 16, 256]),
+       steps=st.floats(0.5, 300))
+def test_a_padded_decode_attends_every_row_over_the_longest_rows_columns(contexts, columns, steps):
+    """`attention_columns` 0: a decode step's context term counts each row's own context (paged attention); m > 0:
+    every row attends the longest row's, rounded up to a multiple of m ((m - 1) / 2 on average), as the
+    embedded engine's decode does; rows of one context cost the same either way but for the rounding."""
+    cost = attrs.evolve(profile(), attention_columns=columns).cost()
+    inst = Instance(index=0, cost=cost, max_running=16, watermark=0.0)
+    for i, tokens in enumerate(contexts):
+        inst.submit(SimRequest(f"r{i}", tokens, 10_000, "stop"), 0.0)
+    inst.admit()
+    b, c = len(contexts), cost
+    attended = b * (max(contexts) + (columns - 1) / 2) if columns else sum(contexts)
+    expected = steps * (c.t0 + c.t1 * b + c.t2 * attended) + c.t2 * b * steps * steps / 2
+    assert inst._elapsed(steps) == pytest.approx(expected, rel=1e-9)
+    assert inst._steps_in(expected) == pytest.approx(steps, rel=1e-6)

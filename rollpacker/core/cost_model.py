@@ -193,6 +193,13 @@ class CostModel:
         return 0.0
 
     @property
+    def attention_columns(self) -> int:
+        """0: a decode step attends each row over its own context (paged attention, vLLM and SGLang); an engine
+        profile of an engine whose decode attends every row over the longest row's, rounded up to a multiple of
+        this many columns, says so (the embedded engine)."""
+        return 0
+
+    @property
     def shared_prefill(self) -> bool:
         """Each request prefills its own prompt, its siblings' too (an assumption: an engine whose prefix
         cache or batched prefill shares a group's prompt prefills less; at 16k-32k responses a small share

@@ -114,10 +114,19 @@ class Instance:
     def kv_at(self, step: float) -> float:
         return self.base + self.batch * step
 
+    def attended_at(self, step: float) -> float:
+        """The context a decode step's t2 term counts: the KV held (`kv_at`), or, where the engine's decode
+        attends every row over the longest row's columns (`cost.attention_columns` m > 0), rows x that longest
+        context, plus (m - 1) / 2 for its rounding up to a multiple of m (on average over the steps)."""
+        m = self.cost.attention_columns
+        if not m or not self.running:
+            return self.kv_at(step)
+        return self.batch * (max(r.base_term for r in self.running.values()) + step + (m - 1) / 2)
+
     def _elapsed(self, k: float) -> float:
         c = self.cost
         b = self.batch
-        return (k * c.step_time(b, self.kv_at(self.step)) + c.t2 * b * k * k / 2) * self.slowdown()
+        return (k * c.step_time(b, self.attended_at(self.step)) + c.t2 * b * k * k / 2) * self.slowdown()
 
     def slowdown(self) -> float:
         return self.spec.slowdown(self.cost, self.batch, self.spec_share)
@@ -128,7 +137,7 @@ class Instance:
         c = self.cost
         b = self.batch
         dt = dt / self.slowdown()
-        lin = c.step_time(b, self.kv_at(self.step))
+        lin = c.step_time(b, self.attended_at(self.step))
         a = c.t2 * b / 2
         if a <= 0:
             return dt / lin

@@ -43,7 +43,7 @@ from rollpacker.core.validators import non_negative_number, positive
 TERMS = ("run_overhead_s", "prefill_t1", "t0", "t1", "t2")
 """The fitted constants, in the order of `Run.features`."""
 NUMBERS = TERMS + ("abort_s", "abort_request_s", "launch_s", "return_s", "submit_s", "step_s", "event_s", "admit_fraction", "max_running",
-                   "kv_capacity")
+                   "kv_capacity", "attention_columns")
 """A profile file's fields that must be finite numbers >= 0."""
 
 
@@ -128,6 +128,11 @@ class EngineProfile:
     copied to the siblings (the embedded engine); False: each request its own (SGLang here: its default
     first-come schedule computes a batch's equal prompts each, its radix cache filled after the prefill).
     A property of the engine, not a measurement: the calibration grid's prompts are all distinct."""
+    attention_columns: int = field(default=0, validator=non_negative_number)
+    """0: a decode step's context term (t2) counts each running request's own context (paged attention: SGLang);
+    m > 0: every row attends as many columns as the longest running row, rounded up to a multiple of m (the
+    embedded engine: `buckets.COL_MULTIPLE` of its device), so rows of unequal context cost rows x the longest.
+    A property of the engine, not a measurement: the calibration grid's rows are all equal, where both agree."""
     fit: dict = field(factory=dict)
     """How the constants were found: runs, residuals."""
 
@@ -136,7 +141,8 @@ class EngineProfile:
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
                            admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill,
                            abort_s=self.abort_s, abort_request_s=self.abort_request_s, launch_s=self.launch_s,
-                           return_s=self.return_s, submit_s=self.submit_s)
+                           return_s=self.return_s, submit_s=self.submit_s,
+                           attention_columns=self.attention_columns)
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
@@ -167,6 +173,7 @@ class ProfileCost:
     launch_s: float = 0.0
     return_s: float = 0.0
     submit_s: float = 0.0
+    attention_columns: int = 0
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:
@@ -204,6 +211,9 @@ def load_profile(path: str | Path) -> EngineProfile:
         value = data.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ProfileError(f"--engine-profile {path}: {name} must be a finite number >= 0, got {value!r}")
+    if not isinstance(data.get("attention_columns", 0), int):
+        raise ProfileError(f"--engine-profile {path}: attention_columns must be a whole number of columns, got "
+                           f"{data['attention_columns']!r}")
     if not isinstance(data.get("shared_prefill", False), bool):
         raise ProfileError(f"--engine-profile {path}: shared_prefill must be true or false, got {data['shared_prefill']!r}")
     try:
@@ -234,13 +244,13 @@ def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[s
 
 def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date: str, max_running: int,
                 kv_capacity: int, abort_s: float = 0.0, abort_request_s: float = 0.0, admit_fraction: float = 0.0,
-                shared_prefill: bool = False, aborts: list | None = None) -> EngineProfile:
+                shared_prefill: bool = False, aborts: list | None = None, attention_columns: int = 0) -> EngineProfile:
     """The profile whose constants fit `runs`; `fit` records each run and the median relative error."""
     values = fit_linear([r.features() for r in runs], [r.seconds for r in runs], TERMS)
     profile = EngineProfile(engine=engine, model=model, machine=machine, date=date, abort_s=abort_s,
                             abort_request_s=abort_request_s,
                             max_running=max_running, kv_capacity=kv_capacity, admit_fraction=admit_fraction,
-                            shared_prefill=shared_prefill, **values)
+                            shared_prefill=shared_prefill, attention_columns=attention_columns, **values)
     errors = [profile.predict(r) / r.seconds - 1 for r in runs]
     fit = {"runs": [[r.rows, r.prompt, r.new, round(r.seconds, 4)] for r in runs],
            "median_abs_error": float(np.median(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
