@@ -139,7 +139,8 @@ def finished(record: dict) -> int:
 
 def fit_round(record: dict) -> dict:
     """What the live terms' fit reads of a fit run's step record (kept in the result), with its requests' launches
-    and answers (`request_spans`) and its abort calls (`abort_calls`) where the run recorded them: the live rounds' abort latency."""
+    and answers (`request_spans`) and its abort calls (`abort_calls`) where the run recorded them: the live
+    rounds' abort latency (`live_aborts`)."""
     return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]],
             **{key: record[key] for key in ("policy", "request_spans", "abort_calls") if key in record}}
 
