@@ -35,6 +35,17 @@ def _failed(exc: RuntimeError, what: str) -> RankFailed:
                       f"continues from the last saved step")
 
 
+def end_group() -> None:
+    """Every rank, after rank 0's stop has reached it: wait for the others, then end the process group.  Left to
+    the interpreter's exit, a gloo group's transport thread can be destroyed unjoined and abort its rank
+    ("terminate called without an active exception"), and torchrun's agent on the other node then waits 300 s
+    in its exit barrier for the lost one."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def broadcast(message: Any) -> Any:
     """Rank 0's `message` on every rank (the others pass None)."""
     import torch.distributed as dist
@@ -102,11 +113,17 @@ class LeaderTrainer:
         return self._call("load", os.path.abspath(path))
 
     def stop(self) -> None:
-        """Release the followers (on the way out, after an error too: one already gone needs nothing)."""
+        """Release the followers (on the way out, after an error too: one already gone needs nothing), then,
+        once they all have it, end the process group (`end_group`); a second call does nothing."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
         try:
             broadcast((_STOP, ()))
         except RuntimeError:
-            pass
+            return
+        end_group()
 
 
 def follow(trainer) -> None:
@@ -117,6 +134,7 @@ def follow(trainer) -> None:
         except RuntimeError as exc:  # gloo/NCCL: rank 0's connection closed (it ended or died), or the timeout
             raise _failed(exc, "lost rank 0, which drives the run, while waiting for its next call") from None
         if name == _STOP:
+            end_group()
             return
         try:
             result = getattr(trainer, name)(*args)
