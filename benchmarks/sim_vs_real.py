@@ -153,7 +153,8 @@ def start_servers(args, out: Path):
     python = sglang_python()
     if python is None:
         raise SystemExit(SGLANG_HINT)
-    extra = ("--max-total-tokens", str(16384), "--max-running-requests", str(args.capacity // 2))
+    extra = ("--max-total-tokens", str(16384), "--max-running-requests", str(args.capacity // 2),
+             "--enable-metrics")  # (the answers' ways back: `ways_back` in the step records)
     group = launch_servers(model_dir(args.model), num_servers=2, kind="sglang", python=python, timeout_s=1200,
                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, extra_args=extra, log_dir=out / "servers")
     group.__enter__()

@@ -8,6 +8,7 @@ import argparse
 import itertools
 import json
 import math
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -30,9 +31,9 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
     """The profile with the live path's extra time fitted on the fit runs' rounds (beside their prediction
     without it), saved as `out`/profile.json: first the abort latency, measured on the rounds that recorded their
     aborts (`with_live_aborts`), then, where training waits for the round (colocated), `fit_time_terms`
-    and, on SGLang where the fit rounds differ in their finished requests (`--fit-policy tail`), `return_s` an
-    answer's way back, from the rounds' generated tokens (the requests decode on while an answer travels; the
-    time terms fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
+    and `return_s` an answer's way back: measured by the servers where the rounds recorded it
+    (`measured_way_back`), else, on SGLang where the fit rounds differ in their finished requests, fitted on the
+    rounds' generated tokens (the requests decode on while an answer travels; the time terms fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
     micro-batches follow the finished requests).  `fit_records`: the fit runs' steps, one run after another
     (`fit_runs`)."""
     runs = fit_runs(args, fit_records)
@@ -48,13 +49,28 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
         profile = attrs.evolve(profile, step_s=0.0, launch_s=0.0, event_s=fit_event_s(
             list(zip(measured, map(finished, rounds))), plain))
     else:
+        back = measured_way_back(rounds)
+        if back is not None:
+            profile = attrs.evolve(profile, return_s=back["median_s"], fit={**profile.fit, "ways_back": back})
         profile = fit_time_terms(args, profile, fit, measured, rounds)
-        if args.engine == "sglang" and len({finished(r) for r in rounds}) > 1:
+        if back is None and args.engine == "sglang" and len({finished(r) for r in rounds}) > 1:
             tokens = {c: [g["generated_tokens"] for g in fit(attrs.evolve(profile, return_s=c))] for c in RETURNS}
             returned = fit_return_s([sum(q[1] for q in r["requests"]) for r in rounds], tokens)
             profile = fit_time_terms(args, attrs.evolve(profile, return_s=returned), fit, measured, rounds)
     profile.save(out / "profile.json")
     return profile
+
+
+def measured_way_back(rounds: list[dict]) -> dict | None:
+    """The fit rounds' finished answers' ways back as their servers measured them (`ways_back`: SGLang started with
+    --enable-metrics), their median the profile's `return_s`: {"median_s", "p90_s", "answers"}; None where the
+    rounds have none (then the way back is fitted on the rounds' generated tokens)."""
+    ways = sorted(way for r in rounds for way, q in zip(r.get("ways_back") or [], r["requests"])
+                  if way is not None and q[2] != "abort")
+    if not ways:
+        return None
+    return {"median_s": round(statistics.median(ways), 4), "p90_s": round(ways[math.ceil(0.9 * len(ways)) - 1], 4),
+            "answers": len(ways)}
 
 
 def live_aborts(rounds: list[dict], instances: int) -> list[tuple[int, float]]:
@@ -139,10 +155,10 @@ def finished(record: dict) -> int:
 
 def fit_round(record: dict) -> dict:
     """What the live terms' fit reads of a fit run's step record (kept in the result), with its requests' launches
-    and answers (`request_spans`) and its abort calls (`abort_calls`) where the run recorded them: the live
-    rounds' abort latency (`live_aborts`)."""
+    and answers (`request_spans`), its abort calls (`abort_calls`) and its answers' ways back (`ways_back`) where
+    the run recorded them: the live rounds' abort latency (`live_aborts`) and way back (`measured_way_back`)."""
     return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]],
-            **{key: record[key] for key in ("policy", "request_spans", "abort_calls") if key in record}}
+            **{key: record[key] for key in ("policy", "request_spans", "abort_calls", "ways_back", "ways_in") if key in record}}
 
 
 def refit(result: dict, out: Path) -> dict:

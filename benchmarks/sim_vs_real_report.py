@@ -17,7 +17,8 @@ def profile_line(p: EngineProfile) -> str:
             + ("(a prompt once for its samples admitted together)" if p.shared_prefill else "(each request its own)")
             + f", run overhead {p.run_overhead_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms + {p.abort_request_s * 1e3:.1f} ms a request caught"
             + (" (on the fit runs' live rounds)" if "live_aborts" in p.fit else "") + ", "
-            + f"live path {p.launch_s * 1e3:.1f} ms a launch + {p.return_s * 1e3:.0f} ms an answer's way back + "
+            + f"live path {p.launch_s * 1e3:.1f} ms a launch + {p.return_s * 1e3:.0f} ms an answer's way back"
+            + (" (measured by the servers)" if "ways_back" in p.fit else "") + " + "
             f"{p.submit_s * 1e3:.1f} ms a launched request + {p.step_s * 1e3:.2f} ms a decode step + "
             f"{p.event_s * 1e3:.2f} ms a finished request; "
             f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")

@@ -62,7 +62,7 @@ def launch(kind: str, model: str, num_servers: int = 1, *, serve_args=SERVE_ARGS
         skip_unless_ci(SGLANG_HINT)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROLLPACKER_SGL_KERNEL_CALLS": str(STUB_CALLS)}
     return launch_servers(model, num_servers=num_servers, kind="sglang", python=python, cpu=True, env=env,
-                          timeout_s=timeout_s or 900, threads=threads)
+                          timeout_s=timeout_s or 900, threads=threads, extra_args=("--enable-metrics",))
 
 
 def check_stub_never_called() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollpacker.backends.sglang.codec import StreamState
+from rollpacker.backends.sglang.codec import SERVER_TIMES, StreamState, way_back, way_in
 
 
 def chunk(ids: list[int], count: int, *, final: bool = False) -> dict:
@@ -41,3 +41,30 @@ def test_any_mix_of_streaming_modes_folds_to_the_whole_response(tokens, cuts, mo
     result = state.result(None, version=0)
     assert result.token_ids == tuple(tokens) and result.finish_reason == "length"
     assert result.logprobs == tuple(-0.1 * t for t in tokens)
+
+
+def test_the_way_back_is_the_front_ends_finish_to_now_plus_the_schedulers_hop():
+    meta = {"request_finished_ts": 100.0, "prefill_finished_time": 90.0, "response_sent_to_client_ts": 90.004}
+    assert abs(way_back(meta, now=100.002) - 0.006) < 1e-9
+    # A clock a hair behind the server's counts no negative leg; a server that says nothing gives None.
+    assert abs(way_back(meta, now=99.999) - 0.004) < 1e-9
+    for name in SERVER_TIMES:
+        assert way_back({k: v for k, v in meta.items() if k != name}, now=100.002) is None
+        assert way_back({**meta, name: None}, now=100.002) is None
+
+
+def test_a_final_chunk_with_the_servers_times_gives_the_result_its_way_back():
+    state = StreamState("rp000000000001", "http://s")
+    state.apply(chunk([5, 6], 2))
+    assert state.result(None, 0).way_back_s is None
+    final = chunk([5, 6, 7], 3, final=True)
+    final["meta_info"].update(request_finished_ts=1.0, prefill_finished_time=1.0, response_sent_to_client_ts=1.0)
+    state.apply(final)
+    assert 0.0 < state.result(None, 0).way_back_s  # (the chunk "arrived" long after its wall-clock second 1.0)
+
+
+def test_the_way_in_is_the_sending_to_the_schedulers_queue():
+    meta = {"forward_entry_time": 50.030, "queue_time": 0.020}
+    assert abs(way_in(meta, sent_at=50.004) - 0.006) < 1e-9
+    assert way_in(meta, sent_at=None) is None, "a request the client did not time"
+    assert way_in({"queue_time": 0.02}, sent_at=50.0) is None and way_in({"forward_entry_time": 50.03}, 50.0) is None

@@ -38,7 +38,7 @@ def engine(servers, model):
 
 
 @pytest.mark.timeout(60)
-def test_generate_streams_progress_and_matches_non_stream(engine, servers):
+def test_generate_streams_progress_and_matches_non_stream(engine, servers, kind):
     assert isinstance(engine, RolloutEngine)
     engine.submit([request(1, max_new=12), request(2, max_new=5)])
     results, progress = collect(engine, 2)
@@ -47,6 +47,11 @@ def test_generate_streams_progress_and_matches_non_stream(engine, servers):
     assert (r2.finish_reason, len(r2.token_ids)) == ("length", 5)
     assert all(lp <= 0.0 for lp in r1.logprobs)
     assert any(p.request_id == "rp000000000001" for p in progress)
+    # Real SGLang (started with --enable-metrics) says when it ended each request; rollpacker serve does not.
+    if kind == "sglang":
+        assert all(0.0 <= r.way_back_s < 5.0 and 0.0 <= r.way_in_s < 5.0 for r in (r1, r2))
+    else:
+        assert all(r.way_back_s is None and r.way_in_s is None for r in (r1, r2))
     # The same greedy request, non-streamed, straight through the HTTP API.
     body = json.dumps({"rid": "plain", "input_ids": [1, 2, 3], "return_logprob": True,
                        "sampling_params": {"max_new_tokens": 12, "temperature": 0}})

@@ -27,8 +27,13 @@ def model() -> str:
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def servers(request, model, shared_servers):
-    yield from shared_servers.module_pair(request.param, model)
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def servers(kind, model, shared_servers):
+    yield from shared_servers.module_pair(kind, model)
 
 
 def train_args(model: str, servers, out, policy: str, steps: int) -> list:
@@ -78,7 +83,7 @@ def test_a_server_serving_another_model_is_one_line_naming_both_and_no_weight_mo
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("policy", ["sync", "tail"])
 def test_sync_and_tail_train_every_prompt_once_and_the_servers_hold_the_trainers_weights(servers, model, tmp_path,
-                                                                                         policy):
+                                                                                         policy, kind):
     out = tmp_path / policy
     run_train(*train_args(model, servers, out, policy, steps=2), timeout=800)
     rs = records(out)
@@ -86,6 +91,13 @@ def test_sync_and_tail_train_every_prompt_once_and_the_servers_hold_the_trainers
     assert len(trained_keys(out)) == len(set(trained_keys(out))) == 2 * 2, "a prompt was lost or trained twice"
     assert all(r["on_policy_fraction"] == 1.0 and r["weight_sync_buckets"] > 1 for r in rs)
     assert weight_versions(servers) == ["2", "2"]  # one sync after each step
+    ways = [(back, way_in, reason) for r in rs
+            for back, way_in, (_, _, reason, *_) in zip(r["ways_back"], r["ways_in"], r["requests"], strict=True)]
+    assert len(ways) == sum(len(r["requests"]) for r in rs)
+    if kind == "sglang":  # (started with --enable-metrics: each request's ways in and back, as the server timed them)
+        assert all(0.0 <= back < 5.0 and 0.0 <= way_in < 5.0 for back, way_in, reason in ways if reason != "abort"), ways
+    else:
+        assert all(back is None and way_in is None for back, way_in, _ in ways)
     servers_match_the_checkpoint(servers, model, out / "checkpoints" / "step_2")
 
 

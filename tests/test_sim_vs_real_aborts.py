@@ -119,3 +119,4 @@ def test_the_sync_ratios_hold_whatever_way_back_the_fit_takes_while_the_rounds_d
         result = sim_vs_real.repredict(sim_vs_real.refit(json.loads(path.read_text()), tmp_path), tmp_path)
         assert result["profile"]["return_s"] == way_back
         assert_within(result, {"sync": 1.0, "tail": 1.0, "sorted": 1.0}, {"tail": 0.10, "sorted": 0.10})
+

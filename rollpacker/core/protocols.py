@@ -92,6 +92,11 @@ class GenerationResult:
     finish_reason: str = field(validator=in_(ENGINE_FINISH_REASONS))
     weight_version: int
     at: float
+    way_back_s: float | None = None
+    """Seconds from the engine's end of the request to this result (`at`), where the engine's server reports
+    its own times (SGLang with --enable-metrics); None where it does not."""
+    way_in_s: float | None = None
+    """Seconds from the request's sending to the engine's queue having it, where the server says (as `way_back_s`)."""
 
 
 @runtime_checkable

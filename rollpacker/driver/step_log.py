@@ -42,6 +42,10 @@ class Interval:
     """Its sample's reward, if it was kept and scored (0.0 when the scorer failed)."""
     is_trained: bool = False
     """Its sample went into a micro-batch (in this step or, carried, in a later one)."""
+    way_back_s: float | None = None
+    """Seconds from the engine's end of it to its result, where the engine says (`GenerationResult.way_back_s`)."""
+    way_in_s: float | None = None
+    """Seconds from its sending to the engine's queue, where the engine says (`GenerationResult.way_in_s`)."""
 
 
 @define
@@ -105,6 +109,7 @@ class StepLog:
             interval.outcome = "aborted" if result.finish_reason == "abort" else "wasted"
             interval.num_tokens, interval.finish_reason = len(result.token_ids), result.finish_reason
             interval.token_ids = result.token_ids
+            interval.way_back_s, interval.way_in_s = result.way_back_s, result.way_in_s
 
     def trained_jobs(self, jobs: Sequence[TrainerRan]) -> None:
         """What the train worker finished: micro-batch statistics, and when it trained (the timeline's
@@ -152,4 +157,10 @@ class StepLog:
             request_spans=[[round(i.start, 4), round(i.end, 4)] for i in ended],
             train_spans=[[round(a, 4), round(b, 4), what] for a, b, what in self.train_spans],
             abort_calls=[[round(at, 4), count] for at, count in self.abort_calls],
+            ways_back=[rounded(i.way_back_s) for i in ended],
+            ways_in=[rounded(i.way_in_s) for i in ended],
         )
+
+
+def rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)

@@ -98,6 +98,10 @@ class StreamState:
     num_tokens: int = 0
     finish_reason: str | None = None
     weight_version: int | None = None
+    way_back_s: float | None = None
+    way_in_s: float | None = None
+    sent_at: float | None = None
+    """When the client sent the request (wall clock; set by the client)."""
 
     def apply(self, chunk: dict) -> None:
         """Fold one chunk in; a malformed chunk raises `BackendProtocolError` naming the server."""
@@ -135,6 +139,8 @@ class StreamState:
             if kind not in ("stop", "length", "abort"):
                 raise self._bad(f"unknown finish_reason {reason!r}", chunk)
             self.finish_reason = kind
+            self.way_back_s = way_back(meta, time.time())
+            self.way_in_s = way_in(meta, self.sent_at)
             if len(self.token_ids) != count:
                 raise self._bad(f"final chunk has {len(self.token_ids)} output_ids for {count} tokens", chunk)
             if len(self.logprobs) != count:
@@ -168,7 +174,35 @@ class StreamState:
             finish_reason=reason or self.finish_reason or "abort",
             weight_version=self.weight_version if self.weight_version is not None else version,
             at=time.monotonic() if at is None else at,
+            way_back_s=self.way_back_s,
+            way_in_s=self.way_in_s,
         )
+
+
+SERVER_TIMES = ("request_finished_ts", "prefill_finished_time", "response_sent_to_client_ts")
+"""The final chunk's meta_info times (wall clock) SGLang sends with --enable-metrics that `way_back` reads."""
+
+
+def way_back(meta: dict, now: float) -> float | None:
+    """Seconds from the engine's end of a request to `now` (wall clock, the final chunk's arrival), from its final
+    chunk's `meta` where the server sends its times (`SERVER_TIMES`; else None): its front end's finish to now,
+    plus the hop from the scheduler to the front end as the request's first token took it (the scheduler's
+    prefill finish to the first chunk's sending: SGLang reports no time of the last token's step)."""
+    times = [meta.get(name) for name in SERVER_TIMES]
+    if not all(isinstance(t, (int, float)) and t > 0 for t in times):
+        return None
+    finished, prefilled, first_sent = times
+    return max(0.0, now - finished) + max(0.0, first_sent - prefilled)
+
+
+def way_in(meta: dict, sent_at: float | None) -> float | None:
+    """Seconds from the request's sending (`sent_at`, wall clock) to its entering the scheduler's waiting queue (its
+    first forward less its wait there: `forward_entry_time` - `queue_time`), from its final chunk's `meta` where the
+    server sends them (--enable-metrics; else None)."""
+    entered, waited = meta.get("forward_entry_time"), meta.get("queue_time")
+    if sent_at is None or not isinstance(entered, (int, float)) or entered <= 0 or not isinstance(waited, (int, float)):
+        return None
+    return max(0.0, entered - waited - sent_at)
 
 
 # -- server side: engine records -> chunks ---------------------------------------------------------

@@ -84,6 +84,7 @@ class InflightRequests:
     async def _run(self, inf: Inflight) -> None:
         server, rid = inf.server, inf.request.request_id
         try:
+            inf.state.sent_at = time.time()
             resp = await server.client.open_generate(generate_body(inf.request))
             try:
                 inf.is_started = True
