@@ -8,6 +8,8 @@ import platform
 import time
 from pathlib import Path
 
+import attrs
+
 from sim_vs_real_report import profile_line
 
 from rollpacker.sim.engine_profile import EngineProfile, Run, fit_abort, fit_profile, load_profile
@@ -48,15 +50,38 @@ def calibrate(args, out: Path, urls: list[str] | None) -> EngineProfile:
         cal = Calibration(engine, vocab_size=model.config.vocab_size, seed=0)
         runs = cal.grid(grid["rows"], grid["prompts"], grid["news"], grid["repeats"])
         aborts = fit_abort(cal.aborts(new=args.max_tokens, after_s=abort_after(runs, args.max_tokens)))
+        forwards = None if args.engine == "sglang" else timed_forwards(engine, capacity, grid["prompts"])
     finally:
         engine.close()
-    profile = fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
-                          date=time.strftime("%Y-%m-%d"), max_running=capacity, kv_capacity=capacity * 8192,
-                          admit_fraction=admit_fraction(args), shared_prefill=shared_prefill(args),
-                          attention_columns=attention_columns(args), **aborts)
+    fits = [fit_profile(runs, engine=engine_name(args), model=args.model, machine=machine(),
+                        date=time.strftime("%Y-%m-%d"), max_running=capacity, kv_capacity=capacity * 8192,
+                        admit_fraction=admit_fraction(args), shared_prefill=shared_prefill(args),
+                        attention_columns=attention_columns(args), forwards=timed, **aborts)
+            for timed in ([None, forwards] if forwards else [None])]
+    profile = fits[-1]  # (the decode steps timed alone where they were: their shape in rows is measured)
+    if forwards:
+        print("the grid's runs, median error: a line in rows {:.1%}, the decode steps timed alone {:.1%}".format(
+            *(f.fit["median_abs_error"] for f in fits)), flush=True)
+        profile = attrs.evolve(profile, fit={**profile.fit, "line_median_abs_error": fits[0].fit["median_abs_error"]})
     profile.save(out / "profile.json")
     print(f"profile: {profile_line(profile)}", flush=True)
     return profile
+
+
+FORWARD_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+"""The rows counts whose decode steps the calibration times alone (those up to the engine's capacity, and it)."""
+
+
+def timed_forwards(engine, capacity: int, prompts) -> dict:
+    """The embedded engine's single forwards (`EngineProfile.decode_rows`, `forward_terms`): decode steps at each
+    rows count of `FORWARD_ROWS` up to `capacity` at 32 tokens a row and at the grid's longest prompt, prefills of
+    16 tokens and of each grid prompt length."""
+    rows = sorted({r for r in FORWARD_ROWS if r < capacity} | {capacity})
+    times = engine.time_forwards(rows=rows, context=32, long_context=max(prompts), prompts=(16, *prompts))
+    print(f"decode steps timed alone: {', '.join(f'{s * 1e3:.1f} ms at {b}' for b, s in times.decode)} rows",
+          flush=True)
+    return {"context": times.context, "long_context": times.long_context, "decode": [list(d) for d in times.decode],
+            "decode_long": [list(d) for d in times.decode_long], "prefill": [list(p) for p in times.prefill]}
 
 
 def abort_after(runs: list[Run], new: int) -> float:

@@ -163,7 +163,8 @@ def fit_round(record: dict) -> dict:
 
 def refit(result: dict, out: Path) -> dict:
     """`result` with its profile fitted again by this tree's model from its own measurements: the calibration
-    grid it kept and the fit run's rounds it kept (a result measured before they were kept: the fit run's step
+    grid it kept, the forwards it timed alone (kept unused by a calibration that chose a line in rows over
+    them) and the fit run's rounds it kept (a result measured before they were kept: the fit run's step
     records in `out`/fit), after a change to the latency model's terms."""
     args = argparse.Namespace(**result["args"])
     old = EngineProfile(**result["profile"])
@@ -172,7 +173,8 @@ def refit(result: dict, out: Path) -> dict:
                           max_running=old.max_running, kv_capacity=old.kv_capacity, abort_s=old.abort_s,
                           abort_request_s=old.abort_request_s, aborts=old.fit.get("aborts"),
                           admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args),
-                          attention_columns=old.attention_columns)
+                          attention_columns=old.attention_columns,
+                          forwards=old.fit.get("forwards") or old.fit.get("forwards_not_used"))
     records = result.get("fit_rounds") or [fit_round(json.loads(line))
                                            for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
     profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,

@@ -12,7 +12,11 @@ from rollpacker.sim.engine_profile import EngineProfile
 
 
 def profile_line(p: EngineProfile) -> str:
-    return (f"t0 {p.t0 * 1e3:.2f} ms, t1 {p.t1 * 1e3:.3f} ms/row, t2 {p.t2 * 1e6:.3f} us/context token, "
+    decode = (f"decode steps timed alone {', '.join(f'{s * 1e3:.0f} ms at {b}' for b, s in p.decode_rows)} rows "
+              f"(at {p.decode_context} tokens a row) + the loop's {p.loop_s * 1e3:.2f} ms + {p.t1 * 1e3:.3f} ms/row, "
+              f"t0 {p.t0 * 1e3:.2f} ms a prefill" if p.decode_rows else
+              f"t0 {p.t0 * 1e3:.2f} ms, t1 {p.t1 * 1e3:.3f} ms/row")
+    return (f"{decode}, t2 {p.t2 * 1e6:.3f} us/context token, "
             f"prefill {p.prefill_t1 * 1e6:.1f} us/token + t0 "
             + ("(a prompt once for its samples admitted together)" if p.shared_prefill else "(each request its own)")
             + f", run overhead {p.run_overhead_s * 1e3:.1f} ms, abort {p.abort_s * 1e3:.1f} ms + {p.abort_request_s * 1e3:.1f} ms a request caught"
@@ -22,6 +26,13 @@ def profile_line(p: EngineProfile) -> str:
             f"{p.submit_s * 1e3:.1f} ms a launched request + {p.step_s * 1e3:.2f} ms a decode step + "
             f"{p.event_s * 1e3:.2f} ms a finished request; "
             f"fit median error {p.fit.get('median_abs_error', 0):.1%}, max {p.fit.get('max_abs_error', 0):.1%}")
+
+
+def origin(profile: dict) -> str:
+    """Where a profile's decode and prefill costs came from."""
+    if profile.get("decode_rows"):
+        return "timed alone forward by forward, the engine loop's own work fitted on the calibration grid"
+    return "fitted on the calibration grid"
 
 
 # -- comparison -------------------------------------------------------------------------------------------
@@ -97,7 +108,7 @@ def report(result: dict) -> str:
              f"out), training {training(a)}." + (" The profile and every prediction were made again from these "
              "measurements (`--report DIR --refit`) after the latency model's terms were fixed." if result.get("refit")
              else ""), "",
-             f"Profile (decode and prefill fitted on the calibration grid, the live path's terms on the fit workload's "
+             f"Profile (decode and prefill {origin(result['profile'])}, the live path's terms on the fit workload's "
              f"{' and '.join((getattr(a, 'fit_policy', None) or 'sync').split(','))} "
              f"run{'s' * (',' in (getattr(a, 'fit_policy', None) or ''))}): "
              f"{profile_line(EngineProfile(**result['profile']))}.",

@@ -61,6 +61,10 @@ def test_a_constant_the_timings_do_not_need_is_held_at_zero_not_negative():
     (lambda d: d.update(submit_s="7 ms"), "submit_s must be a finite number >= 0"),
     (lambda d: d.update(attention_columns=16.5), "attention_columns must be a whole number"),
     (lambda d: d.update(attention_columns=-16), "attention_columns must be a finite number >= 0"),
+    (lambda d: d.update(decode_rows=[[0, 0.01]]), "decode_rows must be a list of \\[rows >= 1"),
+    (lambda d: d.update(decode_rows=[[4, 0.01], [4, 0.02]]), "each rows count once"),
+    (lambda d: d.update(decode_rows=[[4, "10 ms"]]), "decode_rows must be"),
+    (lambda d: d.update(loop_s=-0.001), "loop_s must be a finite number >= 0"),
 ])
 def test_a_bad_profile_is_one_error_naming_the_file_and_the_field(tmp_path, change, message):
     data = profile().to_dict()

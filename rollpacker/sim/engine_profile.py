@@ -25,6 +25,11 @@ each decode step's fixed cost.  An engine that prefills a prompt once for its sa
 
 A run's seconds are linear in the five constants, so a least-squares fit (constants held >= 0) over a
 grid of (b, p, n) finds them; `rollpacker.backends.calibration` times such runs on any rollout engine.
+
+Where the engine's single forwards can be timed (the embedded engine: `backends.embedded.forward_timing`), the
+decode step's cost is a table by rows (`decode_rows`) and the prefill's is measured the same way; the grid's
+runs then fit only the run's fixed overhead, and their error checks the forwards (a decode forward's cost is
+not linear in its rows on a CPU, where a line fitted on whole runs charges small and full batches wrongly).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from rollpacker.core.validators import non_negative_number, positive
 
 TERMS = ("run_overhead_s", "prefill_t1", "t0", "t1", "t2")
 """The fitted constants, in the order of `Run.features`."""
-NUMBERS = TERMS + ("abort_s", "abort_request_s", "launch_s", "return_s", "submit_s", "step_s", "event_s", "admit_fraction", "max_running",
+NUMBERS = TERMS + ("loop_s", "abort_s", "abort_request_s", "launch_s", "return_s", "submit_s", "step_s", "event_s", "admit_fraction", "max_running",
                    "kv_capacity", "attention_columns")
 """A profile file's fields that must be finite numbers >= 0."""
 
@@ -72,7 +77,8 @@ class EngineProfile:
     machine: str
     date: str
     t0: float = field(validator=non_negative_number)
-    """Seconds of a decode step whatever its rows (launches, weights read, scheduling)."""
+    """Seconds of a forward whatever its rows (launches, weights read, scheduling): a decode step's and a prefill's
+    (with `decode_rows`, a prefill's alone: the table holds the decode steps' whole cost)."""
     t1: float = field(validator=non_negative_number)
     """Seconds a running request adds to a decode step."""
     t2: float = field(validator=non_negative_number)
@@ -128,6 +134,17 @@ class EngineProfile:
     copied to the siblings (the embedded engine); False: each request its own (SGLang here: its default
     first-come schedule computes a batch's equal prompts each, its radix cache filled after the prefill).
     A property of the engine, not a measurement: the calibration grid's prompts are all distinct."""
+    decode_rows: list = field(factory=list)
+    """[rows, seconds] of a decode step timed alone at each of several rows counts, each row holding
+    `decode_context` tokens (the embedded engine: `forward_timing`); a step at b rows then costs the table's
+    seconds at b (linear between its points) + `loop_s` + t1 x b + `step_s` + t2 x (its context - b x
+    decode_context).
+    Empty: t0 + t1 x b + t2 x context (fitted on whole runs: SGLang here, whose forwards are not timed)."""
+    decode_context: int = field(default=0, validator=non_negative_number)
+    """The tokens of context each row held where `decode_rows` was timed."""
+    loop_s: float = field(default=0.0, validator=non_negative_number)
+    """With `decode_rows`: seconds a decode step costs beyond its forward timed alone (the engine loop's own
+    work), fitted on the grid's runs with t1 a row (the loop's work a row) and the run's fixed overhead."""
     attention_columns: int = field(default=0, validator=non_negative_number)
     """0: a decode step's context term (t2) counts each running request's own context (paged attention: SGLang);
     m > 0: every row attends as many columns as the longest running row, rounded up to a multiple of m (the
@@ -137,7 +154,11 @@ class EngineProfile:
     """How the constants were found: runs, residuals."""
 
     def cost(self) -> ProfileCost:
-        return ProfileCost(t0=self.t0 + self.step_s, t1=self.t1, t2=self.t2, prefill_t1=self.prefill_t1,
+        line_t0, line_t1 = decode_line(self.decode_rows) if self.decode_rows else (self.t0, 0.0)
+        return ProfileCost(t0=line_t0 + self.loop_s + self.step_s, t1=line_t1 + self.t1, t2=self.t2,
+                           prefill_t1=self.prefill_t1,
+                           decode_rows=tuple(map(tuple, self.decode_rows)), decode_context=self.decode_context,
+                           step_s=self.loop_s + self.step_s, row_s=self.t1,
                            prefill_batch_s=self.t0, kv_capacity=self.kv_capacity, event_s=self.event_s,
                            admit_fraction=self.admit_fraction, shared_prefill=self.shared_prefill,
                            abort_s=self.abort_s, abort_request_s=self.abort_request_s, launch_s=self.launch_s,
@@ -146,7 +167,12 @@ class EngineProfile:
 
     def predict(self, run: Run) -> float:
         """A calibration run's seconds under this profile."""
-        return float(np.dot([getattr(self, t) for t in TERMS], run.features()))
+        if not self.decode_rows:
+            return float(np.dot([getattr(self, t) for t in TERMS], run.features()))
+        b, p, n = run.rows, run.prompt, run.new
+        step = rows_seconds(self.decode_rows, b) + self.loop_s + self.t1 * b
+        return (self.run_overhead_s + self.t0 + self.prefill_t1 * b * p + n * step
+                + self.t2 * b * (n * p + n * (n - 1) / 2 - n * self.decode_context))
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -174,9 +200,16 @@ class ProfileCost:
     return_s: float = 0.0
     submit_s: float = 0.0
     attention_columns: int = 0
+    decode_rows: tuple = ()
+    decode_context: int = 0
+    step_s: float = 0.0
+    row_s: float = 0.0
     tp: int = 1
 
     def step_time(self, batch: float, context: float) -> float:
+        if self.decode_rows:
+            return (rows_seconds(self.decode_rows, batch) + self.step_s + self.row_s * batch
+                    + self.t2 * (context - batch * self.decode_context))
         return self.t0 + self.t1 * batch + self.t2 * context
 
     def prefill_time(self, tokens: float, cached: float = 0.0) -> float:
@@ -187,7 +220,36 @@ class ProfileCost:
         return self.abort_s + self.abort_request_s * caught
 
     def peak_tokens_per_s(self, batch: float) -> float:
-        return batch / (self.t0 + self.t1 * batch)
+        return batch / self.step_time(batch, batch * self.decode_context)
+
+
+def rows_seconds(table, rows: float) -> float:
+    """A decode step's seconds at `rows` from a `decode_rows` table: linear between its points, its end points'
+    beyond them."""
+    points = sorted(table)
+    return float(np.interp(rows, [r for r, _ in points], [s for _, s in points]))
+
+
+def decode_line(table) -> tuple[float, float]:
+    """(t0, t1) of the line that fits a `decode_rows` table best (least squares, both >= 0): where the simulator
+    wants a step's cost as a line (its floors' and speculation's estimates)."""
+    line = fit_linear([[1.0, r] for r, _ in table], [s for _, s in table], ("t0", "t1"))
+    return line["t0"], line["t1"]
+
+
+def forward_terms(forwards: dict) -> dict:
+    """The profile's decode and prefill constants from single forwards timed alone (`forward_timing`: "decode" and
+    "decode_long" [rows, seconds] at "context" and "long_context" tokens a row, "prefill" [prompt tokens, seconds]):
+    the prefill's fixed cost (t0) and its cost a token by least squares, the decode steps as a table, t2 the longer
+    context's extra seconds by least squares on its extra tokens (>= 0: the full batches' weigh most), t1 0."""
+    prefill = fit_linear([[1.0, p] for p, _ in forwards["prefill"]], [s for _, s in forwards["prefill"]],
+                         ("t0", "prefill_t1"))
+    extra = forwards["long_context"] - forwards["context"]
+    context = fit_linear([[b * extra] for b, _ in forwards["decode"]],
+                         [long - short for (_, short), (_, long) in zip(forwards["decode"], forwards["decode_long"])],
+                         ("t2",), relative=False)
+    return {**prefill, "t1": 0.0, **context,
+            "decode_rows": [[b, round(s, 5)] for b, s in forwards["decode"]], "decode_context": forwards["context"]}
 
 
 def load_profile(path: str | Path) -> EngineProfile:
@@ -214,12 +276,24 @@ def load_profile(path: str | Path) -> EngineProfile:
     if not isinstance(data.get("attention_columns", 0), int):
         raise ProfileError(f"--engine-profile {path}: attention_columns must be a whole number of columns, got "
                            f"{data['attention_columns']!r}")
+    check_decode_rows(path, data.get("decode_rows", []))
     if not isinstance(data.get("shared_prefill", False), bool):
         raise ProfileError(f"--engine-profile {path}: shared_prefill must be true or false, got {data['shared_prefill']!r}")
     try:
         return EngineProfile(**data)
     except (TypeError, ValueError) as exc:
         raise ProfileError(f"--engine-profile {path}: {exc}") from None
+
+
+def check_decode_rows(path: Path, table) -> None:
+    """`decode_rows` must be a list of [rows >= 1, seconds >= 0] with each rows count once."""
+    good = isinstance(table, list) and all(
+        isinstance(point, list) and len(point) == 2 and isinstance(point[0], int) and not isinstance(point[0], bool)
+        and point[0] >= 1 and isinstance(point[1], (int, float)) and not isinstance(point[1], bool)
+        and math.isfinite(point[1]) and point[1] >= 0 for point in table)
+    if not good or len({point[0] for point in table}) != len(table):
+        raise ProfileError(f"--engine-profile {path}: decode_rows must be a list of [rows >= 1, seconds >= 0], each "
+                           f"rows count once, got {str(table)[:80]}")
 
 
 def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[str, ...],
@@ -244,16 +318,29 @@ def fit_linear(features: list[list[float]], seconds: list[float], names: tuple[s
 
 def fit_profile(runs: list[Run], *, engine: str, model: str, machine: str, date: str, max_running: int,
                 kv_capacity: int, abort_s: float = 0.0, abort_request_s: float = 0.0, admit_fraction: float = 0.0,
-                shared_prefill: bool = False, aborts: list | None = None, attention_columns: int = 0) -> EngineProfile:
-    """The profile whose constants fit `runs`; `fit` records each run and the median relative error."""
-    values = fit_linear([r.features() for r in runs], [r.seconds for r in runs], TERMS)
+                shared_prefill: bool = False, aborts: list | None = None, attention_columns: int = 0,
+                forwards: dict | None = None) -> EngineProfile:
+    """The profile whose constants fit `runs`; `fit` records each run and the median relative error.  Given
+    `forwards` (single forwards timed alone: `forward_terms`), the decode and prefill constants are theirs and
+    the runs fit only what the forwards leave out: the run's fixed overhead and the engine loop's work a decode
+    step (`loop_s`) and a row (t1), least squares of their unexplained seconds."""
+    if forwards is None:
+        values = fit_linear([r.features() for r in runs], [r.seconds for r in runs], TERMS)
+    else:
+        values = {**forward_terms(forwards), "run_overhead_s": 0.0}
     profile = EngineProfile(engine=engine, model=model, machine=machine, date=date, abort_s=abort_s,
                             abort_request_s=abort_request_s,
                             max_running=max_running, kv_capacity=kv_capacity, admit_fraction=admit_fraction,
                             shared_prefill=shared_prefill, attention_columns=attention_columns, **values)
+    if forwards is not None:
+        loop = fit_linear([[1.0, r.new, r.new * r.rows] for r in runs], [r.seconds - profile.predict(r) for r in runs],
+                          ("run_overhead_s", "loop_s", "t1"), relative=False)
+        profile = attrs.evolve(profile, **loop)
     errors = [profile.predict(r) / r.seconds - 1 for r in runs]
     fit = {"runs": [[r.rows, r.prompt, r.new, round(r.seconds, 4)] for r in runs],
            "median_abs_error": float(np.median(np.abs(errors))), "max_abs_error": float(np.max(np.abs(errors)))}
+    if forwards is not None:
+        fit["forwards"] = forwards
     if aborts:
         fit["aborts"] = [[rows, round(seconds, 4)] for rows, seconds in aborts]
     return attrs.evolve(profile, fit=fit)
