@@ -206,6 +206,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repredict", action="store_true", help="with --report: predict again with this tree's simulator")
     ap.add_argument("--refit", action="store_true", help="with --report: fit the profile again from DIR's measurements "
                     "(the grid it kept, DIR/fit/metrics.jsonl), then predict again")
+    ap.add_argument("--refit-forwards", action="store_true", help="with --refit: take the decode steps the calibration "
+                    "timed alone even where it chose a line in rows (the one that explained its grid better)")
     ap.add_argument("--write-results", action="store_true")
     ap.add_argument("--save", default=None, metavar="FILE", help="also write the result (as reported) to FILE")
     if "--quick" in (sys.argv[1:] if argv is None else argv):
@@ -222,7 +224,7 @@ def main(argv=None) -> None:
     report_file = Path(args.report or ".") / "result.json" if args.report and Path(args.report).is_dir() else args.report
     result = json.loads(Path(report_file).read_text()) if args.report else run(args)
     if args.refit:
-        result = refit(result, Path(args.report))
+        result = refit(result, Path(args.report), forwards=args.refit_forwards)
     if args.repredict or args.refit:
         result = repredict(result, Path(tempfile.mkdtemp(prefix="rollpacker-repredict-")))
     if args.save:

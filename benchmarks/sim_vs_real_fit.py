@@ -161,10 +161,10 @@ def fit_round(record: dict) -> dict:
             **{key: record[key] for key in ("policy", "request_spans", "abort_calls", "ways_back", "ways_in") if key in record}}
 
 
-def refit(result: dict, out: Path) -> dict:
+def refit(result: dict, out: Path, forwards: bool = False) -> dict:
     """`result` with its profile fitted again by this tree's model from its own measurements: the calibration
-    grid it kept, the forwards it timed alone (kept unused by a calibration that chose a line in rows over
-    them) and the fit run's rounds it kept (a result measured before they were kept: the fit run's step
+    grid it kept, the decode steps it timed alone where it took them (`forwards`: also where it kept them unused,
+    having chosen a line in rows) and the fit run's rounds it kept (a result measured before they were kept: the fit run's step
     records in `out`/fit), after a change to the latency model's terms."""
     args = argparse.Namespace(**result["args"])
     old = EngineProfile(**result["profile"])
@@ -174,7 +174,7 @@ def refit(result: dict, out: Path) -> dict:
                           abort_request_s=old.abort_request_s, aborts=old.fit.get("aborts"),
                           admit_fraction=old.admit_fraction, shared_prefill=shared_prefill(args),
                           attention_columns=old.attention_columns,
-                          forwards=old.fit.get("forwards") or old.fit.get("forwards_not_used"))
+                          forwards=old.fit.get("forwards") or (old.fit.get("forwards_not_used") if forwards else None))
     records = result.get("fit_rounds") or [fit_round(json.loads(line))
                                            for line in (out / "fit" / "metrics.jsonl").read_text().splitlines()]
     profile = with_live_term(args, profile, Path(tempfile.mkdtemp(prefix="rollpacker-refit-")), records,

@@ -129,8 +129,9 @@ kept a line in rows (the grid's median error 5.1% against 8.5%): sync/tail +0.4%
 
 @pytest.mark.timeout(600)
 def test_the_default_model_refitted_with_its_forwards_takes_their_table_and_stays_within_what_it_met(tmp_path):
-    """Through the live path: the measurement's calibration timed the engine's forwards; refitted, the profile's
-    decode steps are their table and its rounds (SortedRL's within 12%) within the bounds above."""
+    """Through the live path: the measurement's calibration timed the engine's forwards and kept them; refitted
+    with them (`--refit-forwards`), the profile's decode steps are their table and its rounds (SortedRL's within
+    12%) within the bounds above."""
     import sys
 
     sys.path.insert(0, str(DEFAULT_4.parents[2] / "benchmarks"))
@@ -141,7 +142,8 @@ def test_the_default_model_refitted_with_its_forwards_takes_their_table_and_stay
     forwards = result["profile"]["fit"]["forwards_not_used"]
     assert not result["profile"]["decode_rows"] and [b for b, _ in forwards["decode"]] == [1, 2, 3, 4, 6, 8, 12, 16]
     assert_within(sim_vs_real.repredict(result, tmp_path), *AS_MEASURED)
-    again = sim_vs_real.refit(result, tmp_path)
+    assert not sim_vs_real.refit(result, tmp_path)["profile"]["decode_rows"], "a refit keeps the calibration's choice"
+    again = sim_vs_real.refit(result, tmp_path, forwards=True)
     assert again["profile"]["decode_rows"] == [[b, round(s, 5)] for b, s in forwards["decode"]]
     assert again["profile"]["decode_context"] == 32
     assert_within(sim_vs_real.repredict(again, tmp_path), *WITH_ITS_FORWARDS)
@@ -149,8 +151,8 @@ def test_the_default_model_refitted_with_its_forwards_takes_their_table_and_stay
 
 DEFAULT_5 = DEFAULT_4.with_name("embedded-default-5.json")
 FIFTH = ({"sync": 0.119, "tail": 0.106, "sorted": 0.114}, {"tail": 0.001, "sorted": 0.028})
-"""The default model measured a fifth time, its profile's decode steps timed alone (the calibration takes them
-since the fourth): every target met, sync/tail -0.0%, sync/SortedRL -2.7%, rounds sync 11.5-11.9%, tail
+"""The default model measured a fifth time, its profile's decode steps timed alone (its calibration's grid: 4.7%
+median error against a line's 6.0%): every target met, sync/tail -0.0%, sync/SortedRL -2.7%, rounds sync 11.5-11.9%, tail
 8.6-10.6%, SortedRL 8.0-11.4% (the fourth and the third, measured with a line in rows, missed SortedRL's rounds:
 up to 22.3% and 26.5%).  Regression bounds."""
 
