@@ -33,7 +33,8 @@ def with_live_term(args, profile: EngineProfile, out: Path, fit_records: list[di
     aborts (`with_live_aborts`), then, where training waits for the round (colocated), `fit_time_terms`
     and `return_s` an answer's way back: measured by the servers where the rounds recorded it
     (`measured_way_back`), else, on SGLang where the fit rounds differ in their finished requests, fitted on the
-    rounds' generated tokens (the requests decode on while an answer travels; the time terms fitted again with it); `event_s` alone where the trainer trains beside the rollout (its
+    rounds' generated tokens (the requests decode on while an answer travels; the time terms fitted again with
+    it); `event_s` alone where the trainer trains beside the rollout (its
     micro-batches follow the finished requests).  `fit_records`: the fit runs' steps, one run after another
     (`fit_runs`)."""
     runs = fit_runs(args, fit_records)
@@ -158,14 +159,15 @@ def fit_round(record: dict) -> dict:
     and answers (`request_spans`), its abort calls (`abort_calls`) and its answers' ways back (`ways_back`) where
     the run recorded them: the live rounds' abort latency (`live_aborts`) and way back (`measured_way_back`)."""
     return {"rollout_s": record["rollout_s"], "requests": [q[:3] for q in record["requests"]],
-            **{key: record[key] for key in ("policy", "request_spans", "abort_calls", "ways_back", "ways_in") if key in record}}
+            **{key: record[key] for key in ("policy", "request_spans", "abort_calls", "ways_back", "ways_in")
+               if key in record}}
 
 
 def refit(result: dict, out: Path, forwards: bool = False) -> dict:
     """`result` with its profile fitted again by this tree's model from its own measurements: the calibration
     grid it kept, the decode steps it timed alone where it took them (`forwards`: also where it kept them unused,
-    having chosen a line in rows) and the fit run's rounds it kept (a result measured before they were kept: the fit run's step
-    records in `out`/fit), after a change to the latency model's terms."""
+    having chosen a line in rows) and the fit run's rounds it kept (a result measured before they were kept: the
+    fit run's step records in `out`/fit), after a change to the latency model's terms."""
     args = argparse.Namespace(**result["args"])
     old = EngineProfile(**result["profile"])
     runs = [Run(*r) for r in old.fit["runs"]]

@@ -40,7 +40,7 @@ import torch
 
 from rollpacker.backends._drain import drain
 from rollpacker.backends.embedded.batch import RunningBatch
-from rollpacker.backends.embedded.forward_timing import ForwardTimes, time_forwards
+from rollpacker.backends.embedded.forward_timing import ForwardTimes, time_idle
 from rollpacker.backends.embedded.memory import EngineMemory
 from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.embedded.scheduler import MAX_PREFILL_TOKENS, Row
@@ -278,23 +278,10 @@ class EmbeddedEngine:
         """Bytes the engine's weights and its KV cache hold now ({"weights": .., "kv_cache": ..})."""
         return self._memory.nbytes()
 
-    def time_forwards(self, *, rows: Sequence[int], context: int, long_context: int, prompts: Sequence[int],
-                      repeats: int = 5) -> ForwardTimes:
-        """Single forwards timed on the loop thread (`forward_timing.time_forwards`): decode steps at each of `rows`
-        (at most the capacity) at `context` and `long_context` tokens a row, prefills of each of `prompts` tokens.
-        Only while nothing is in flight (the timed rows take the KV cache's first slots)."""
-        if max(rows) > self._capacity:
-            raise ConfigError(f"time_forwards: {max(rows)} rows is more than the engine's capacity {self._capacity}")
+    def time_forwards(self, **sizes) -> ForwardTimes:
+        """`forward_timing.time_idle` on the loop thread: single forwards timed while nothing is in flight."""
         timed: list[ForwardTimes] = []
-
-        def run() -> None:
-            if self._batch.has_work:
-                raise ConfigError("time_forwards: requests are in flight; time the forwards while the engine is idle")
-            timed.append(time_forwards(self._runner, vocab_size=self.model.config.vocab_size, rows=rows,
-                                       context=context, long_context=long_context, prompts=prompts,
-                                       repeats=repeats))
-
-        error = self._on_loop(run, "timing forwards")
+        error = self._on_loop(lambda: timed.append(time_idle(self, **sizes)), "timing forwards")
         if error is not None:
             raise error
         return timed[0]

@@ -18,6 +18,7 @@ from attrs import frozen
 
 from rollpacker.backends.embedded.runner import Runner
 from rollpacker.backends.embedded.sampling import sample
+from rollpacker.core.errors import ConfigError
 
 
 @frozen
@@ -30,6 +31,16 @@ class ForwardTimes:
     decode: tuple[tuple[int, float], ...]
     decode_long: tuple[tuple[int, float], ...]
     prefill: tuple[tuple[int, float], ...]
+
+
+def time_idle(engine, *, rows: Sequence[int], **sizes) -> ForwardTimes:
+    """`time_forwards` on an `EmbeddedEngine`'s runner (on its loop thread) while its running batch holds nothing
+    (the timed rows take the KV cache's first slots), at most its capacity rows; else a `ConfigError` saying which."""
+    if max(rows) > engine.capacity:
+        raise ConfigError(f"time_forwards: {max(rows)} rows is more than the engine's capacity {engine.capacity}")
+    if engine._batch.has_work:
+        raise ConfigError("time_forwards: requests are in flight; time the forwards while the engine is idle")
+    return time_forwards(engine._runner, vocab_size=engine.model.config.vocab_size, rows=rows, **sizes)
 
 
 def time_forwards(runner: Runner, *, vocab_size: int, rows: Sequence[int], context: int, long_context: int,
