@@ -151,6 +151,10 @@ def test_the_default_model_refitted_with_its_forwards_takes_their_table_and_stay
 
 DEFAULT_5 = DEFAULT_4.with_name("embedded-default-5.json")
 FIFTH = ({"sync": 0.119, "tail": 0.106, "sorted": 0.114}, {"tail": 0.001, "sorted": 0.028})
+SIXTH = ({"sync": 0.075, "tail": 0.148, "sorted": 0.105}, {"tail": 0.048, "sorted": 0.105})
+"""A sixth time, the same way (grid 3.7% against a line's 7.4%): rounds sync 4.0-7.5%, tail 4.8-14.7%, SortedRL
+7.9-10.5%, sync/tail +4.7%, sync/SortedRL +10.4% (missed by 0.4 points: seed 0's trainer stage took 9.5 s
+against 7.3 predicted, its rollout within 9.8%)."""
 """The default model measured a fifth time, its profile's decode steps timed alone (its calibration's grid: 4.7%
 median error against a line's 6.0%): every target met, sync/tail -0.0%, sync/SortedRL -2.7%, rounds sync 11.5-11.9%, tail
 8.6-10.6%, SortedRL 8.0-11.4% (the fourth and the third, measured with a line in rows, missed SortedRL's rounds:
@@ -158,15 +162,16 @@ up to 22.3% and 26.5%).  Regression bounds."""
 
 
 @pytest.mark.timeout(600)
-def test_the_default_model_measured_with_its_forwards_timed_meets_every_target(tmp_path):
+@pytest.mark.parametrize("name,bounds", [("embedded-default-5.json", FIFTH), ("embedded-default-6.json", SIXTH)])
+def test_the_default_model_measured_with_its_forwards_timed_stays_within_what_it_met(tmp_path, name, bounds):
     import sys
 
     sys.path.insert(0, str(DEFAULT_5.parents[2] / "benchmarks"))
     import sim_vs_real
     from test_sim_vs_real import assert_within
 
-    result = json.loads(DEFAULT_5.read_text())
+    result = json.loads(DEFAULT_5.with_name(name).read_text())
     profile = result["profile"]
     assert [b for b, _ in profile["decode_rows"]] == [1, 2, 3, 4, 6, 8, 12, 16]
     assert profile["fit"]["line_median_abs_error"] > profile["fit"]["median_abs_error"]
-    assert_within(sim_vs_real.repredict(result, tmp_path), *FIFTH)
+    assert_within(sim_vs_real.repredict(result, tmp_path), *bounds)
